@@ -1,0 +1,1 @@
+//! iSCSI target (in progress).

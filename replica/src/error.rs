@@ -1,0 +1,55 @@
+//! The replica crate's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in a replica, with the context needed to act on it.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    /// The request itself is wrong: nothing was done.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The range lies (partly) outside the volume.
+    #[error("range {offset}+{length} is outside the volume of {size} bytes")]
+    OutOfRange { offset: u64, length: u64, size: u64 },
+    #[error("snapshot {0:?} does not exist")]
+    UnknownSnapshot(String),
+    #[error("snapshot {0:?} already exists")]
+    SnapshotExists(String),
+    /// The engine's generation is lower than one this replica already accepted.
+    #[error("generation {offered} is lower than the accepted generation {accepted}")]
+    StaleGeneration { offered: u64, accepted: u64 },
+    #[error("the replica is closed")]
+    Closed,
+    #[error("{dir}: holds a replica of {found} bytes, not {wanted}")]
+    SizeMismatch {
+        dir: PathBuf,
+        found: u64,
+        wanted: u64,
+    },
+    #[error("{dir}: not a replica directory ({why})")]
+    NotAReplica { dir: PathBuf, why: String },
+    #[error("{path}: corrupt metadata: {why}")]
+    Corrupt { path: PathBuf, why: String },
+    #[error("no space left on the replica's disk: {0}")]
+    NoSpace(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ReplicaError {
+    /// Wraps an I/O error with what was being done; ENOSPC becomes [`ReplicaError::NoSpace`].
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        let what = what.into();
+        if source.raw_os_error() == Some(libc::ENOSPC) {
+            ReplicaError::NoSpace(what)
+        } else {
+            ReplicaError::Io { what, source }
+        }
+    }
+}
+
+pub type Result<T, E = ReplicaError> = std::result::Result<T, E>;

@@ -1,0 +1,11 @@
+//! One copy of a Zebu volume.
+//!
+//! (Overview to be written with the implementation.)
+
+pub mod error;
+pub mod io;
+pub mod server;
+pub mod store;
+
+pub use error::{ReplicaError, Result};
+pub use store::{BLOCK_SIZE, LayerInfo, LayerSpec, Replica, ReplicaInfo};
