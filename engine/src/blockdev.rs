@@ -35,3 +35,171 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// Makes every write acknowledged before it durable.
     fn flush(&self) -> BoxFuture<'_, Result<(), BlockError>>;
 }
+
+/// A device held in memory, for frontend tests.
+pub struct MemDevice {
+    data: std::sync::Mutex<Vec<u8>>,
+}
+
+impl MemDevice {
+    pub fn new(size: u64) -> MemDevice {
+        let size = usize::try_from(size).expect("invariant: test devices fit in memory");
+        MemDevice {
+            data: std::sync::Mutex::new(vec![0; size]),
+        }
+    }
+
+    fn range(&self, offset: u64, len: u64) -> Result<std::ops::Range<usize>, BlockError> {
+        let size = self.size();
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(offset as usize..end as usize),
+            _ => Err(BlockError::OutOfRange {
+                offset,
+                length: len,
+                size,
+            }),
+        }
+    }
+}
+
+impl BlockDevice for MemDevice {
+    fn size(&self) -> u64 {
+        self.data
+            .lock()
+            .expect("invariant: lock not poisoned")
+            .len() as u64
+    }
+    fn read(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<Bytes, BlockError>> {
+        Box::pin(async move {
+            let r = self.range(offset, len)?;
+            let data = self.data.lock().expect("invariant: lock not poisoned");
+            Ok(Bytes::copy_from_slice(&data[r]))
+        })
+    }
+    fn write(&self, offset: u64, buf: Bytes) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(async move {
+            let r = self.range(offset, buf.len() as u64)?;
+            self.data.lock().expect("invariant: lock not poisoned")[r].copy_from_slice(&buf);
+            Ok(())
+        })
+    }
+    fn unmap(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(async move {
+            let r = self.range(offset, len)?;
+            self.data.lock().expect("invariant: lock not poisoned")[r].fill(0);
+            Ok(())
+        })
+    }
+    fn flush(&self) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A device backed by a plain file (buffered I/O on blocking threads), for frontend tests and
+/// as a reference in benchmarks.
+pub struct FileDevice {
+    file: std::sync::Arc<std::fs::File>,
+    size: u64,
+}
+
+impl FileDevice {
+    /// Opens `path`, creating it sparse at `size` bytes if missing.
+    pub fn open(path: &std::path::Path, size: u64) -> std::io::Result<FileDevice> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        if file.metadata()?.len() < size {
+            file.set_len(size)?;
+        }
+        let size = file.metadata()?.len();
+        Ok(FileDevice {
+            file: std::sync::Arc::new(file),
+            size,
+        })
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(BlockError::OutOfRange {
+                offset,
+                length: len,
+                size: self.size,
+            }),
+        }
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&std::fs::File) -> std::io::Result<T> + Send + 'static,
+    ) -> Result<T, BlockError> {
+        let file = self.file.clone();
+        tokio::task::spawn_blocking(move || f(&file))
+            .await
+            .map_err(|e| BlockError::Io(e.to_string()))?
+            .map_err(|e| {
+                if e.raw_os_error() == Some(libc::ENOSPC) {
+                    BlockError::NoSpace(e.to_string())
+                } else {
+                    BlockError::Io(e.to_string())
+                }
+            })
+    }
+}
+
+impl BlockDevice for FileDevice {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn read(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<Bytes, BlockError>> {
+        Box::pin(async move {
+            self.check(offset, len)?;
+            self.blocking(move |f| {
+                use std::os::unix::fs::FileExt;
+                let mut buf = vec![0u8; len as usize];
+                f.read_exact_at(&mut buf, offset)?;
+                Ok(Bytes::from(buf))
+            })
+            .await
+        })
+    }
+    fn write(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(async move {
+            self.check(offset, data.len() as u64)?;
+            self.blocking(move |f| {
+                use std::os::unix::fs::FileExt;
+                f.write_all_at(&data, offset)
+            })
+            .await
+        })
+    }
+    fn unmap(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(async move {
+            self.check(offset, len)?;
+            self.blocking(move |f| {
+                use std::os::fd::AsRawFd;
+                // SAFETY: fallocate on an fd we own; arguments are plain integers.
+                let rc = unsafe {
+                    libc::fallocate(
+                        f.as_raw_fd(),
+                        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                        offset as libc::off_t,
+                        len as libc::off_t,
+                    )
+                };
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            })
+            .await
+        })
+    }
+    fn flush(&self) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(async move { self.blocking(|f| f.sync_data()).await })
+    }
+}
