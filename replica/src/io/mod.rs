@@ -111,17 +111,9 @@ pub struct DataFile {
 impl DataFile {
     /// Opens (or creates) `path` read-write, with `O_DIRECT` where the filesystem allows it.
     pub fn open(path: &Path, create: bool) -> std::io::Result<DataFile> {
-        use std::os::unix::fs::OpenOptionsExt;
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true).write(true).create(create);
-        match opts.clone().custom_flags(libc::O_DIRECT).open(path) {
-            Ok(file) => Ok(DataFile { file, direct: true }),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(DataFile {
-                file: opts.open(path)?,
-                direct: false,
-            }),
-            Err(e) => Err(e),
-        }
+        DataFile::open_direct_if_allowed(path, &opts)
     }
 
     /// Whether the file was opened with `O_DIRECT`.
@@ -129,8 +121,8 @@ impl DataFile {
         self.direct
     }
 
-    /// Opens an existing `path` read-write without `O_DIRECT`, whatever the filesystem allows.
-    /// For small metadata files, where going through the page cache is cheaper.
+    /// Opens (or creates) `path` read-write without `O_DIRECT`, whatever the filesystem
+    /// allows: for small metadata files, where the page cache is cheaper.
     pub fn open_buffered(path: &Path, create: bool) -> std::io::Result<DataFile> {
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -145,9 +137,18 @@ impl DataFile {
 
     /// Opens `path` read-only, with `O_DIRECT` where the filesystem allows it (snapshot layers).
     pub fn open_read_only(path: &Path) -> std::io::Result<DataFile> {
-        use std::os::unix::fs::OpenOptionsExt;
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true);
+        DataFile::open_direct_if_allowed(path, &opts)
+    }
+
+    /// Filesystems without direct I/O refuse `O_DIRECT` at open with `EINVAL`; those files are
+    /// used through the page cache instead (and `sync` still makes them durable).
+    fn open_direct_if_allowed(
+        path: &Path,
+        opts: &std::fs::OpenOptions,
+    ) -> std::io::Result<DataFile> {
+        use std::os::unix::fs::OpenOptionsExt;
         match opts.clone().custom_flags(libc::O_DIRECT).open(path) {
             Ok(file) => Ok(DataFile { file, direct: true }),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(DataFile {
