@@ -284,11 +284,13 @@ impl Slots {
         !self.free.is_empty()
     }
 
-    /// Places `job` in a free slot; the caller checked [`Slots::has_room`].
-    fn insert(&mut self, job: Job) -> Option<usize> {
-        let index = self.free.pop()?;
+    /// Places `job` in a free slot, or gives it back when there is none.
+    fn insert(&mut self, job: Job) -> Result<usize, Job> {
+        let Some(index) = self.free.pop() else {
+            return Err(job);
+        };
         self.entries[index] = Some(job);
-        Some(index)
+        Ok(index)
     }
 
     fn get_mut(&mut self, index: usize) -> Option<&mut Job> {
@@ -392,10 +394,13 @@ impl Reactor {
             let Some(job) = self.backlog.pop_front() else {
                 return;
             };
-            let Some(index) = self.slots.insert(job) else {
-                return;
-            };
-            self.push_slot(index);
+            match self.slots.insert(job) {
+                Ok(index) => self.push_slot(index),
+                Err(job) => {
+                    self.backlog.push_front(job);
+                    return;
+                }
+            }
         }
     }
 
