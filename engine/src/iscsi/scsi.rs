@@ -22,9 +22,10 @@ pub const BLOCK_SIZE: u64 = 512;
 pub const LBPPBE: u8 = 3;
 pub const MAX_TRANSFER_BLOCKS: u32 = 16384;
 pub const OPTIMAL_TRANSFER_BLOCKS: u32 = 2048;
-pub const MAX_UNMAP_BLOCKS: u32 = 0x0040_0000;
+pub const MAX_UNMAP_BLOCKS: u32 = 0x0010_0000;
 pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
-pub const MAX_WRITE_SAME_BLOCKS: u64 = 0x0040_0000;
+/// Below 65536 so a WRITE SAME never implies more than 32 MiB of zeroing per command.
+pub const MAX_WRITE_SAME_BLOCKS: u64 = 0xffff;
 /// Largest Data-Out the iSCSI layer collects for one command.
 pub const MAX_DATA_OUT: u64 = MAX_TRANSFER_BLOCKS as u64 * BLOCK_SIZE;
 
@@ -234,6 +235,7 @@ impl Lun {
             }
             0x41 | 0x93 => self.write_same(cdb, data_out).await,
             0x42 => self.unmap(cdb, data_out).await,
+            0x5e => persistent_reserve_in(cdb),
             _ => Err(Sense::INVALID_OPCODE),
         }
     }
@@ -361,7 +363,7 @@ impl Lun {
         self.check_range(lba, blocks)?;
         let block = if ndob {
             Bytes::from(vec![0u8; BLOCK_SIZE as usize])
-        } else if (data_out.len() as u64) < BLOCK_SIZE {
+        } else if data_out.len() as u64 != BLOCK_SIZE {
             return Err(Sense::INVALID_FIELD_IN_CDB);
         } else {
             data_out.slice(..BLOCK_SIZE as usize)
@@ -435,6 +437,19 @@ impl Lun {
         }
         Ok(Reply::good().with_len(param_len))
     }
+}
+
+/// PERSISTENT RESERVE IN: we keep no registrations or reservations, and say so.
+fn persistent_reserve_in(cdb: &[u8; 16]) -> Result<Reply, Sense> {
+    let alloc = be(&cdb[7..9]);
+    let d = match cdb[1] & 0x1f {
+        // READ KEYS, READ RESERVATION, READ FULL STATUS: generation 0, empty list.
+        0 | 1 | 3 => vec![0u8; 8],
+        // REPORT CAPABILITIES: length 8, no capabilities.
+        2 => vec![0, 8, 0, 0, 0, 0, 0, 0],
+        _ => return Err(Sense::INVALID_FIELD_IN_CDB),
+    };
+    Ok(Reply::data(d, alloc))
 }
 
 #[cfg(test)]
