@@ -22,7 +22,9 @@ pub fn md5(parts: &[&[u8]]) -> [u8; 16] {
         9, 14, 20, 5, 9, 14, 20, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 6, 10,
         15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21,
     ];
-    // K[i] = floor(abs(sin(i + 1)) * 2^32), computed rather than tabulated.
+    // K[i] = floor(abs(sin(i + 1)) * 2^32), computed rather than tabulated; the value is
+    // non-negative and below 2^32, so the cast loses neither sign nor range.
+    #[allow(clippy::cast_sign_loss)]
     let k: [u32; 64] =
         std::array::from_fn(|i| ((i as f64 + 1.0).sin().abs() * 4_294_967_296.0) as u32);
     let mut msg: Vec<u8> = parts.concat();

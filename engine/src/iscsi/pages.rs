@@ -109,7 +109,7 @@ fn device_identification(id: &Identity) -> Vec<u8> {
     let mut name = id.target_iqn.as_bytes().to_vec();
     name.truncate(220);
     name.push(0);
-    while name.len() % 4 != 0 {
+    while !name.len().is_multiple_of(4) {
         name.push(0);
     }
     designator(&mut b, 0x53, 0xa8, &name);
@@ -120,7 +120,7 @@ fn block_limits() -> Vec<u8> {
     let mut b = vec![0u8; 0x3c];
     // Offsets below are page offsets minus the 4-byte header.
     b[0] = 0x01; // WSNZ: a zero-length WRITE SAME is an error, never "to the end"
-    b[2..4].copy_from_slice(&((1u16 << LBPPBE) as u16).to_be_bytes());
+    b[2..4].copy_from_slice(&(1u16 << LBPPBE).to_be_bytes());
     b[4..8].copy_from_slice(&MAX_TRANSFER_BLOCKS.to_be_bytes());
     b[8..12].copy_from_slice(&OPTIMAL_TRANSFER_BLOCKS.to_be_bytes());
     b[16..20].copy_from_slice(&MAX_UNMAP_BLOCKS.to_be_bytes());

@@ -692,7 +692,7 @@ fn respond(conn: &Conn, cmd: &Cmd, reply: Reply) {
             let last = off + n == data.len();
             let mut b = Bhs::new(op::DATA_IN);
             let mut flags = 0u8;
-            if last || (off + n) % burst == 0 {
+            if last || (off + n).is_multiple_of(burst) {
                 flags |= 0x80;
             }
             let sn = if last && with_status {
