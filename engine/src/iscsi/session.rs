@@ -470,8 +470,7 @@ impl Reader {
         }
     }
 
-    /// Handles a Data-Out PDU; false closes the connection (sequence errors are fatal at
-    /// ErrorRecoveryLevel 0).
+    /// Handles a Data-Out PDU; false closes the connection.
     fn data_out(&mut self, bhs: Bhs, data: Bytes) -> bool {
         let itt = bhs.itt();
         let Some(mut w) = self.writes.remove(&itt) else {
@@ -489,15 +488,15 @@ impl Reader {
             && data_sn == w.next_data_sn
             && (unsolicited == w.unsolicited_open);
         if !valid {
+            // The command cannot be completed correctly; fail it and drop the rest of its
+            // Data-Out (they find no pending write). Keeping the connection lets the other
+            // commands on it finish.
             warn!(
                 itt,
-                offset, received, data_sn, "Data-Out out of sequence; closing connection"
+                offset, received, data_sn, "Data-Out out of sequence; failing the command"
             );
-            self.conn.reject(&bhs, reject::PROTOCOL_ERROR);
-            if w.cmd.holds_slot {
-                self.conn.release_slot();
-            }
-            return false;
+            self.start(w.cmd, Bytes::new(), Some(Sense::DATA_PHASE_ERROR));
+            return true;
         }
         w.buf.extend_from_slice(&data);
         w.next_data_sn += 1;
@@ -541,15 +540,18 @@ impl Reader {
                 Some(s) => Reply::check(s),
                 None => execute(&conn, &cmd, data).await,
             };
-            conn.tasks
-                .lock()
-                .expect("invariant: lock not poisoned")
-                .remove(&cmd.itt);
             if cmd.holds_slot {
                 conn.release_slot();
             }
-            if !ctl.aborted.load(Ordering::Acquire) {
-                respond(&conn, &cmd, reply);
+            {
+                // Queue the response and leave the task table under one lock, so task
+                // management sees either a task it can still abort (and we stay silent) or
+                // one whose response is already ahead of the TMF response on the wire.
+                let mut tasks = conn.tasks.lock().expect("invariant: lock not poisoned");
+                if !ctl.aborted.load(Ordering::Acquire) {
+                    respond(&conn, &cmd, reply);
+                }
+                tasks.remove(&cmd.itt);
             }
             ctl.done.send_replace(true);
         });
@@ -581,6 +583,7 @@ impl Reader {
                     .lock()
                     .expect("invariant: lock not poisoned")
                     .get(&rtt)
+                    .inspect(|t| t.aborted.store(true, Ordering::Release))
                     .cloned();
                 if let Some(t) = running {
                     victims.push(t);
@@ -606,6 +609,7 @@ impl Reader {
                         .lock()
                         .expect("invariant: lock not poisoned")
                         .values()
+                        .inspect(|t| t.aborted.store(true, Ordering::Release))
                         .cloned(),
                 );
                 0
@@ -625,7 +629,6 @@ impl Reader {
         let close = function == 7;
         tokio::spawn(async move {
             for v in victims {
-                v.aborted.store(true, Ordering::Release);
                 let mut rx = v.done.subscribe();
                 // The command's device I/O finishes before we report it aborted, so
                 // nothing it does can land after the initiator reuses the blocks.
