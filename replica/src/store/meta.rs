@@ -67,6 +67,10 @@ pub struct LayerMeta {
     pub labels: BTreeMap<String, String>,
     /// Volume size when the layer was created.
     pub size: u64,
+    /// Set while a rebuild is still writing the layer (between `begin_layer` and
+    /// `finish_layer`): its data cannot be trusted yet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub incomplete: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -84,6 +84,8 @@ pub struct LayerInfo {
     pub created: String,
     pub labels: BTreeMap<String, String>,
     pub size: u64,
+    /// A rebuild is still writing it.
+    pub incomplete: bool,
 }
 
 /// A snapshot of a replica's state for `Info`.
@@ -286,6 +288,7 @@ impl Replica {
                     created: meta::now_rfc3339(),
                     labels: BTreeMap::new(),
                     size,
+                    incomplete: false,
                 }],
             };
             meta.store(&d) // commit point: the replica exists from here on
@@ -708,6 +711,7 @@ impl Replica {
                 created: l.created.clone(),
                 labels: l.labels.clone(),
                 size: l.size,
+                incomplete: l.incomplete,
             })
             .collect();
         ReplicaInfo {
@@ -728,6 +732,29 @@ impl Replica {
     /// replica that stopped after flush `flush` may lack.
     pub fn regions_written_since(&self, flush: u64) -> Vec<u64> {
         self.regions.written_since(flush)
+    }
+
+    /// CRC32C of every `block`-byte piece of `offset..offset+len` as the volume reads.
+    /// Catch-up compares these to copy only the blocks that differ.
+    pub async fn checksums(&self, offset: u64, len: u64, block: u64) -> Result<Vec<u32>> {
+        let block = if block == 0 { BLOCK_SIZE } else { block };
+        if !block.is_multiple_of(BLOCK_SIZE)
+            || !offset.is_multiple_of(block)
+            || !len.is_multiple_of(block)
+        {
+            return Err(ReplicaError::Invalid(format!(
+                "checksum range {offset}+{len} must be aligned to the checksum block {block}, a multiple of {BLOCK_SIZE}"
+            )));
+        }
+        let mut out = Vec::with_capacity((len / block) as usize);
+        let mut at = offset;
+        while at < offset + len {
+            let n = CHUNK.max(block).min(offset + len - at);
+            let data = self.read(at, n).await?;
+            out.extend(data.chunks(block as usize).map(crc32c::crc32c));
+            at += n;
+        }
+        Ok(out)
     }
 
     /// Memory held by the extent indexes, in extents (for benchmarks and logs).

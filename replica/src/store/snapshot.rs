@@ -86,6 +86,7 @@ impl Replica {
                 created: now,
                 labels: BTreeMap::new(),
                 size,
+                incomplete: false,
             });
             m.head = id;
             Ok(())
@@ -278,6 +279,7 @@ impl Replica {
                 created: now_rfc3339(),
                 labels: BTreeMap::new(),
                 size,
+                incomplete: false,
             });
             m.head = id;
             Ok(())
@@ -466,6 +468,7 @@ impl Replica {
                 },
                 labels: spec.labels.clone(),
                 size,
+                incomplete: true,
             });
             Ok(())
         })
@@ -519,6 +522,16 @@ impl Replica {
             .await
             .map_err(io_err(format!("fdatasync {id}")))?;
         let f = file.clone();
+        let incomplete = self.meta().layer(id).is_some_and(|l| l.incomplete);
+        if incomplete {
+            self.commit_meta(|m| {
+                m.layer_mut(id)
+                    .expect("invariant: layer in meta")
+                    .incomplete = false;
+                Ok(())
+            })
+            .await?;
+        }
         let bytes: u64 = blocking("scan layer", move || super::scan(&f, u64::MAX))
             .await?
             .iter()

@@ -496,6 +496,16 @@ fn rebuild_copies_layers_between_replicas() {
                 ..Default::default()
             };
             dst.begin_layer(&spec).await.expect("begin");
+            let l = dst
+                .info()
+                .layers
+                .into_iter()
+                .find(|l| l.name == layer)
+                .expect("layer exists");
+            assert!(
+                l.incomplete || layer == "rb",
+                "a new rebuilt layer is incomplete until finished"
+            );
             for ext in src
                 .list_extents(Some(layer), 0..8 << 20)
                 .await
@@ -517,6 +527,14 @@ fn rebuild_copies_layers_between_replicas() {
         assert!(a == b, "rebuilt replica differs");
         let names: Vec<String> = dst.info().layers.iter().map(|l| l.name.clone()).collect();
         assert_eq!(names, vec!["s1", "s2", "rb", ""]);
+        assert!(
+            dst.info().layers.iter().all(|l| !l.incomplete),
+            "finished layers are complete"
+        );
+        assert_eq!(
+            src.checksums(0, 1 << 20, 0).await.expect("checksums"),
+            dst.checksums(0, 1 << 20, 0).await.expect("checksums")
+        );
         drop(dst);
         let dst = Replica::open(&dir.path().join("dst"), io())
             .await
