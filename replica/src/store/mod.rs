@@ -1,18 +1,73 @@
 //! The on-disk replica: a live head file plus a chain of read-only snapshot files.
-//! (API contract; implementation in progress.)
+//!
+//! # Data model
+//!
+//! Every layer (the head and each snapshot) is a sparse file the size of the volume. A read
+//! of a block returns the newest layer in the head's chain that holds data for it, or zeros.
+//! Writes go to the head. A snapshot freezes the head and opens a new empty head whose parent
+//! it is. Layers form a tree (a revert starts a new branch); only the head's chain is read.
+//!
+//! # In memory
+//!
+//! Two extent maps, in 4 KiB blocks, built from `SEEK_DATA`/`SEEK_HOLE` at open:
+//! - `head_extents`: the blocks the head holds (updated by every write and unmap);
+//! - `below`: for every block some snapshot in the chain holds, the newest such snapshot
+//!   (changes only with snapshot operations and rebuild writes).
+//!
+//! A read consults `head_extents`, then `below`. Memory grows with the number of separately
+//! written ranges, not with the volume size.
+//!
+//! # Unmap over snapshot data
+//!
+//! Unmap punches holes in the head. Where `below` says an older snapshot still holds data,
+//! a hole would let that data show through, so zeros are written to the head there instead:
+//! the range then reads as zeros from the head, and stays so across reopen (a written zero
+//! block is data to `SEEK_DATA`). This costs space only where snapshots hold data.
+//!
+//! # Concurrency
+//!
+//! I/O holds the shared side of `gate` while it runs; operations that change the structure
+//! (snapshot create, revert, expand, merge chunks into the head, close) take the exclusive
+//! side, so they see no write half done. Control operations are serialised by `ops`. The
+//! extent maps sit behind a short-held `RwLock` never held across an await.
+//!
+//! # Crash safety
+//!
+//! See `meta.rs` (the commit point of every structural change) and `regions.rs` (the
+//! write-ahead dirty-region record and the flush number).
 
-use std::collections::BTreeMap;
+mod extent;
+mod fsops;
+mod meta;
+mod regions;
+mod snapshot;
+
+#[cfg(test)]
+mod tests;
+
+pub use extent::ExtentMap;
+pub use meta::LayerId;
+
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
 
-use crate::error::Result;
-use crate::io::IoEngine;
+use crate::error::{ReplicaError, Result};
+use crate::io::{AlignedBuf, DataFile, IoEngine};
+use meta::{LayerMeta, META_FILE, META_TMP, Meta, REGIONS_FILE, layer_path};
+use regions::Regions;
 
 /// Block size of the data path; I/O not aligned to it is read-modify-write.
 pub const BLOCK_SIZE: u64 = 4096;
+/// The largest single read, write or unmap-with-zeroing chunk accepted.
+pub const MAX_IO: u64 = 32 << 20;
+/// Merges, unmaps and rebuild copies move data in chunks of at most this size, so I/O that
+/// waits behind one waits for one chunk only.
+const CHUNK: u64 = 1 << 20;
 
 /// One layer as [`Replica::info`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,104 +115,680 @@ pub struct LayerSpec {
     pub size: u64,
 }
 
+/// The in-memory view of the layers.
+struct Chain {
+    head: LayerId,
+    files: HashMap<LayerId, Arc<DataFile>>,
+    /// Position in the head's chain, 0 = oldest. Layers off the chain are absent.
+    rank: HashMap<LayerId, usize>,
+    head_extents: ExtentMap<()>,
+    below: ExtentMap<LayerId>,
+    /// Data bytes of each snapshot (the head's come from `head_extents`).
+    data_bytes: HashMap<LayerId, u64>,
+}
+
+impl Chain {
+    fn head_file(&self) -> Arc<DataFile> {
+        self.files[&self.head].clone()
+    }
+
+    /// The pieces of the byte range `bytes` (block aligned) and the file each reads from
+    /// (`None`: zeros). Adjacent pieces from the same file are merged.
+    fn resolve(&self, bytes: Range<u64>) -> Vec<(Range<u64>, Option<Arc<DataFile>>)> {
+        let mut out: Vec<(Range<u64>, Option<Arc<DataFile>>)> = Vec::new();
+        let mut push = |r: Range<u64>, f: Option<Arc<DataFile>>| {
+            let r = r.start * BLOCK_SIZE..r.end * BLOCK_SIZE;
+            if let Some((last, lf)) = out.last_mut() {
+                let same = match (&*lf, &f) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                };
+                if same && last.end == r.start {
+                    last.end = r.end;
+                    return;
+                }
+            }
+            out.push((r, f));
+        };
+        for (piece, in_head) in self.head_extents.segments(blocks(&bytes)) {
+            if in_head.is_some() {
+                push(piece, Some(self.files[&self.head].clone()));
+                continue;
+            }
+            for (sub, layer) in self.below.segments(piece) {
+                push(sub, layer.map(|id| self.files[&id].clone()));
+            }
+        }
+        out
+    }
+}
+
+/// Byte range (block aligned) to block range.
+fn blocks(bytes: &Range<u64>) -> Range<u64> {
+    bytes.start / BLOCK_SIZE..bytes.end.div_ceil(BLOCK_SIZE)
+}
+
+/// Lets a read buffer become `Bytes` without a copy.
+struct BufOwner(AlignedBuf);
+
+impl AsRef<[u8]> for BufOwner {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+fn buf_to_bytes(buf: AlignedBuf) -> Bytes {
+    Bytes::from_owner(BufOwner(buf))
+}
+
+fn to_bytes(blocks: Range<u64>) -> Range<u64> {
+    blocks.start * BLOCK_SIZE..blocks.end * BLOCK_SIZE
+}
+
 /// One open replica. All methods take `&self`; it is shared behind an `Arc`.
 pub struct Replica {
-    _io: IoEngine,
+    dir: PathBuf,
+    io: IoEngine,
+    size: AtomicU64,
+    meta: Mutex<Meta>,
+    chain: RwLock<Chain>,
+    gate: tokio::sync::RwLock<()>,
+    ops: tokio::sync::Mutex<()>,
+    flush_lock: tokio::sync::Mutex<()>,
+    regions: Regions,
+    closed: AtomicBool,
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ReplicaError {
+    let what = what.into();
+    move |e| ReplicaError::io(what, e)
+}
+
+/// Runs blocking filesystem work off the async threads.
+async fn blocking<T: Send + 'static>(
+    what: &str,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ReplicaError::io(what.to_string(), std::io::Error::other(e)))?
+}
+
+/// Creates a layer file of `size` bytes (sparse) and makes it durable.
+fn create_layer_file(dir: &Path, id: LayerId, size: u64) -> Result<Arc<DataFile>> {
+    let path = layer_path(dir, id);
+    let f = DataFile::open(&path, true).map_err(io_err(format!("create {}", path.display())))?;
+    f.file()
+        .set_len(size)
+        .and_then(|_| f.file().sync_all())
+        .map_err(io_err(format!("size {}", path.display())))?;
+    Ok(Arc::new(f))
+}
+
+/// Files a half-done `create` may leave; a directory holding only these counts as empty.
+fn is_replica_leftover(name: &str) -> bool {
+    name == META_TMP || name == REGIONS_FILE || LayerId::from_file_name(name).is_some()
+}
+
+fn random_id() -> String {
+    let v: u128 = rand::random();
+    format!("{v:032x}")
 }
 
 impl Replica {
-    /// Creates a replica of `size` bytes in `dir` (made if missing; must be empty).
-    pub async fn create(_dir: &Path, _size: u64, _io: IoEngine) -> Result<Arc<Replica>> {
-        todo!()
+    /// Creates a replica of `size` bytes in `dir` (made if missing; must not hold one).
+    pub async fn create(dir: &Path, size: u64, io: IoEngine) -> Result<Arc<Replica>> {
+        if size == 0 || !size.is_multiple_of(BLOCK_SIZE) {
+            return Err(ReplicaError::Invalid(format!(
+                "size {size} is not a positive multiple of {BLOCK_SIZE}"
+            )));
+        }
+        let d = dir.to_owned();
+        blocking("create replica", move || {
+            std::fs::create_dir_all(&d).map_err(io_err(format!("create {}", d.display())))?;
+            if d.join(META_FILE).exists() {
+                return Err(ReplicaError::Invalid(format!(
+                    "{} already holds a replica",
+                    d.display()
+                )));
+            }
+            for e in std::fs::read_dir(&d).map_err(io_err(format!("list {}", d.display())))? {
+                let e = e.map_err(io_err(format!("list {}", d.display())))?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !is_replica_leftover(&name) {
+                    return Err(ReplicaError::NotAReplica {
+                        dir: d.clone(),
+                        why: format!("it contains {name:?}"),
+                    });
+                }
+                std::fs::remove_file(e.path()).map_err(io_err(format!("remove {name}")))?;
+            }
+            let region_size = regions::region_size_for(size);
+            Regions::create(&d.join(REGIONS_FILE), size, region_size)?;
+            let head = LayerId(1);
+            create_layer_file(&d, head, size)?;
+            let meta = Meta {
+                format_version: meta::FORMAT_VERSION,
+                replica_id: random_id(),
+                size,
+                region_size,
+                generation: 0,
+                epoch: 0,
+                epoch_members: Vec::new(),
+                head,
+                next_layer_id: 1,
+                layers: vec![LayerMeta {
+                    id: head,
+                    name: None,
+                    parent: None,
+                    user_created: false,
+                    created: meta::now_rfc3339(),
+                    labels: BTreeMap::new(),
+                    size,
+                }],
+            };
+            meta.store(&d) // commit point: the replica exists from here on
+        })
+        .await?;
+        tracing::info!(dir = %dir.display(), size, "replica created");
+        Replica::open(dir, io).await
     }
-    /// Opens the replica in `dir`, repairing what a crash left half done.
-    pub async fn open(_dir: &Path, _io: IoEngine) -> Result<Arc<Replica>> {
-        todo!()
-    }
+
     /// Opens `dir`, or creates a replica of `size` there when `dir` is missing or empty.
     /// Fails with `SizeMismatch` when it holds a replica of another size, and `NotAReplica`
     /// when it holds something else.
-    pub async fn open_or_create(_dir: &Path, _size: u64, _io: IoEngine) -> Result<Arc<Replica>> {
-        todo!()
+    pub async fn open_or_create(dir: &Path, size: u64, io: IoEngine) -> Result<Arc<Replica>> {
+        if dir.join(META_FILE).exists() {
+            let r = Replica::open(dir, io).await?;
+            if r.size() != size {
+                return Err(ReplicaError::SizeMismatch {
+                    dir: dir.to_owned(),
+                    found: r.size(),
+                    wanted: size,
+                });
+            }
+            return Ok(r);
+        }
+        if dir.exists() && !dir.is_dir() {
+            return Err(ReplicaError::NotAReplica {
+                dir: dir.to_owned(),
+                why: "it is not a directory".into(),
+            });
+        }
+        Replica::create(dir, size, io).await
     }
+
+    /// Opens the replica in `dir`, repairing what a crash left half done: files the metadata
+    /// does not name are deleted, a head longer than the volume (an interrupted expand) is cut
+    /// back.
+    pub async fn open(dir: &Path, io: IoEngine) -> Result<Arc<Replica>> {
+        let d = dir.to_owned();
+        let (meta, chain, regions) = blocking("open replica", move || {
+            if !d.join(META_FILE).exists() {
+                return Err(ReplicaError::NotAReplica { dir: d.clone(), why: format!("no {META_FILE}") });
+            }
+            let meta = Meta::load(&d)?;
+            let mut removed = false;
+            for e in std::fs::read_dir(&d).map_err(io_err(format!("list {}", d.display())))? {
+                let e = e.map_err(io_err(format!("list {}", d.display())))?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                let stray = name == META_TMP
+                    || LayerId::from_file_name(&name).is_some_and(|id| meta.layer(id).is_none());
+                if stray {
+                    tracing::info!(file = %name, "removing a file left by an interrupted operation");
+                    std::fs::remove_file(e.path()).map_err(io_err(format!("remove {name}")))?;
+                    removed = true;
+                }
+            }
+            if removed {
+                meta::sync_dir(&d)?;
+            }
+            let mut files = HashMap::new();
+            for l in &meta.layers {
+                let path = layer_path(&d, l.id);
+                if !path.exists() {
+                    return Err(ReplicaError::Corrupt { path, why: format!("{} is missing", l.id) });
+                }
+                let f = DataFile::open(&path, false).map_err(io_err(format!("open {}", path.display())))?;
+                files.insert(l.id, Arc::new(f));
+            }
+            let head = &files[&meta.head];
+            let len = head.file().metadata().map_err(io_err("stat head"))?.len();
+            if len != meta.size {
+                head.file().set_len(meta.size).map_err(io_err("resize head"))?;
+            }
+            let regions = Regions::open(&d.join(REGIONS_FILE), meta.size, meta.region_size)?;
+            let chain = build_chain(&meta, files)?;
+            Ok((meta, chain, regions))
+        })
+        .await?;
+        tracing::info!(
+            dir = %dir.display(),
+            size = meta.size,
+            layers = meta.layers.len(),
+            head_extents = chain.head_extents.len(),
+            below_extents = chain.below.len(),
+            flushed = regions.flushed(),
+            backend = %io.backend(),
+            "replica opened"
+        );
+        Ok(Arc::new(Replica {
+            dir: dir.to_owned(),
+            io,
+            size: AtomicU64::new(meta.size),
+            meta: Mutex::new(meta),
+            chain: RwLock::new(chain),
+            gate: tokio::sync::RwLock::new(()),
+            ops: tokio::sync::Mutex::new(()),
+            flush_lock: tokio::sync::Mutex::new(()),
+            regions,
+            closed: AtomicBool::new(false),
+        }))
+    }
+
     pub fn size(&self) -> u64 {
-        todo!()
+        self.size.load(Ordering::Acquire)
     }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn meta(&self) -> std::sync::MutexGuard<'_, Meta> {
+        self.meta.lock().expect("invariant: meta lock not poisoned")
+    }
+
+    fn chain(&self) -> std::sync::RwLockReadGuard<'_, Chain> {
+        self.chain
+            .read()
+            .expect("invariant: chain lock not poisoned")
+    }
+
+    fn chain_mut(&self) -> std::sync::RwLockWriteGuard<'_, Chain> {
+        self.chain
+            .write()
+            .expect("invariant: chain lock not poisoned")
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            Err(ReplicaError::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Validates an I/O range.
+    fn check_io(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_open()?;
+        if len == 0 {
+            return Err(ReplicaError::Invalid("zero length".into()));
+        }
+        if len > MAX_IO {
+            return Err(ReplicaError::Invalid(format!(
+                "length {len} is over the limit of {MAX_IO} bytes"
+            )));
+        }
+        let size = self.size();
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(ReplicaError::OutOfRange {
+                offset,
+                length: len,
+                size,
+            }),
+        }
+    }
+
     /// Reads `len` bytes at `offset`, resolved through the chain (zeros where no layer has
     /// data). Any alignment; `len` > 0 and within the volume.
-    pub async fn read(&self, _offset: u64, _len: u64) -> Result<Bytes> {
-        todo!()
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes> {
+        self.check_io(offset, len)?;
+        let _g = self.gate.read().await;
+        self.check_open()?;
+        let start = offset / BLOCK_SIZE * BLOCK_SIZE;
+        let end = (offset + len).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+        let data = self.read_aligned(start..end).await?;
+        if start == offset && end == offset + len {
+            Ok(data)
+        } else {
+            Ok(data.slice((offset - start) as usize..(offset - start + len) as usize))
+        }
     }
+
+    /// Reads a block-aligned byte range through the chain. The caller holds the gate.
+    async fn read_aligned(&self, range: Range<u64>) -> Result<Bytes> {
+        let pieces = self.chain().resolve(range.clone());
+        let len = (range.end - range.start) as usize;
+        if let [(_, only)] = pieces.as_slice() {
+            return match only {
+                None => Ok(Bytes::from(vec![0u8; len])),
+                Some(f) => {
+                    let buf = self
+                        .io
+                        .read_at(f, range.start, AlignedBuf::zeroed(len))
+                        .await
+                        .map_err(io_err(format!("read {len} bytes at {}", range.start)))?;
+                    Ok(buf_to_bytes(buf))
+                }
+            };
+        }
+        let reads = pieces.iter().filter_map(|(r, f)| {
+            let f = f.clone()?;
+            let r = r.clone();
+            Some(async move {
+                let buf = self
+                    .io
+                    .read_at(&f, r.start, AlignedBuf::zeroed((r.end - r.start) as usize))
+                    .await
+                    .map_err(io_err(format!(
+                        "read {} bytes at {}",
+                        r.end - r.start,
+                        r.start
+                    )))?;
+                Ok::<_, ReplicaError>((r, buf))
+            })
+        });
+        let mut out = AlignedBuf::zeroed(len);
+        for (r, buf) in futures::future::try_join_all(reads).await? {
+            let at = (r.start - range.start) as usize;
+            out[at..at + buf.len()].copy_from_slice(&buf);
+        }
+        Ok(buf_to_bytes(out))
+    }
+
     /// Writes `data` at `offset` into the head. Any alignment; unaligned is read-modify-write.
-    pub async fn write(&self, _offset: u64, _data: Bytes) -> Result<()> {
-        todo!()
+    pub async fn write(&self, offset: u64, data: Bytes) -> Result<()> {
+        let len = data.len() as u64;
+        self.check_io(offset, len)?;
+        if offset.is_multiple_of(BLOCK_SIZE) && len.is_multiple_of(BLOCK_SIZE) {
+            let _g = self.gate.read().await;
+            self.check_open()?;
+            return self
+                .write_aligned(offset, AlignedBuf::copy_from(&data))
+                .await;
+        }
+        // Read-modify-write of the edge blocks: exclusive, so no other write to those blocks
+        // can interleave between the read and the write.
+        let _g = self.gate.write().await;
+        self.check_open()?;
+        let start = offset / BLOCK_SIZE * BLOCK_SIZE;
+        let end = (offset + len).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+        let old = self.read_aligned(start..end).await?;
+        let mut buf = AlignedBuf::copy_from(&old);
+        let at = (offset - start) as usize;
+        buf[at..at + data.len()].copy_from_slice(&data);
+        self.write_aligned(start, buf).await
     }
-    /// Makes the range read as zeros, freeing space in the head.
-    pub async fn unmap(&self, _offset: u64, _len: u64) -> Result<()> {
-        todo!()
+
+    /// Writes a block-aligned buffer to the head. The caller holds the gate.
+    async fn write_aligned(&self, offset: u64, buf: AlignedBuf) -> Result<()> {
+        let range = offset..offset + buf.len() as u64;
+        let _ticket = self.regions.begin_write(range.clone()).await?;
+        let head = self.chain().head_file();
+        let len = buf.len();
+        self.io
+            .write_at(&head, offset, buf)
+            .await
+            .map_err(io_err(format!("write {len} bytes at {offset}")))?;
+        self.chain_mut().head_extents.insert(blocks(&range), ());
+        Ok(())
     }
+
+    /// Makes the range read as zeros, freeing space in the head where no snapshot holds data
+    /// under it. Partial blocks at the edges are zeroed by writing.
+    pub async fn unmap(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_io(offset, len)?;
+        let end = offset + len;
+        let inner = offset.div_ceil(BLOCK_SIZE) * BLOCK_SIZE..end / BLOCK_SIZE * BLOCK_SIZE;
+        if inner.start >= inner.end {
+            return self
+                .write(offset, Bytes::from(vec![0u8; len as usize]))
+                .await;
+        }
+        if offset < inner.start {
+            self.write(
+                offset,
+                Bytes::from(vec![0u8; (inner.start - offset) as usize]),
+            )
+            .await?;
+        }
+        if inner.end < end {
+            self.write(
+                inner.end,
+                Bytes::from(vec![0u8; (end - inner.end) as usize]),
+            )
+            .await?;
+        }
+        let _g = self.gate.read().await;
+        self.check_open()?;
+        self.unmap_aligned(inner).await
+    }
+
+    /// Unmaps a block-aligned range of the head. The caller holds the gate.
+    async fn unmap_aligned(&self, range: Range<u64>) -> Result<()> {
+        let _ticket = self.regions.begin_write(range.clone()).await?;
+        let (head, pieces) = {
+            let c = self.chain();
+            (c.head_file(), c.below.segments(blocks(&range)))
+        };
+        for (piece, under) in pieces {
+            let bytes = to_bytes(piece.clone());
+            if under.is_some() {
+                // A snapshot holds data here: the head must hold zeros to hide it.
+                let mut at = bytes.start;
+                let mut zeros = AlignedBuf::zeroed(CHUNK.min(bytes.end - at) as usize);
+                while at < bytes.end {
+                    let n = CHUNK.min(bytes.end - at);
+                    if (zeros.len() as u64) != n {
+                        zeros = AlignedBuf::zeroed(n as usize);
+                    }
+                    zeros = self
+                        .io
+                        .write_at(&head, at, zeros)
+                        .await
+                        .map_err(io_err(format!("zero {n} bytes at {at}")))?;
+                    at += n;
+                }
+                self.chain_mut().head_extents.insert(piece, ());
+            } else {
+                let f = head.clone();
+                let b = bytes.clone();
+                blocking("punch hole", move || {
+                    fsops::punch_hole(f.file(), b.clone())
+                        .map_err(io_err(format!("punch hole {}..{}", b.start, b.end)))
+                })
+                .await?;
+                self.chain_mut().head_extents.remove(piece);
+            }
+        }
+        Ok(())
+    }
+
     /// Makes every completed write durable; returns the flush number now durable.
     /// `flush_number` 0 means "my own number + 1".
-    pub async fn flush(&self, _flush_number: u64) -> Result<u64> {
-        todo!()
+    pub async fn flush(&self, flush_number: u64) -> Result<u64> {
+        self.check_open()?;
+        let _f = self.flush_lock.lock().await;
+        let n = self.regions.start_flush(flush_number).await?;
+        let head = self.chain().head_file();
+        self.io
+            .sync(&head)
+            .await
+            .map_err(io_err("fdatasync head"))?;
+        self.regions.complete_flush(n).await?;
+        Ok(n)
     }
-    pub async fn snapshot_create(
-        &self,
-        _name: &str,
-        _user_created: bool,
-        _labels: BTreeMap<String, String>,
-    ) -> Result<()> {
-        todo!()
-    }
-    pub async fn snapshot_delete(&self, _name: &str) -> Result<()> {
-        todo!()
-    }
-    pub async fn snapshot_revert(&self, _name: &str) -> Result<()> {
-        todo!()
-    }
-    pub async fn snapshot_purge(&self) -> Result<()> {
-        todo!()
-    }
-    pub async fn expand(&self, _new_size: u64) -> Result<()> {
-        todo!()
-    }
+
     /// Accepts an engine's generation: an error if lower than the highest accepted; a higher
     /// one is persisted before this returns.
-    pub async fn accept_generation(&self, _generation: u64) -> Result<()> {
-        todo!()
+    pub async fn accept_generation(&self, generation: u64) -> Result<()> {
+        let _ops = self.ops.lock().await;
+        self.check_open()?;
+        let accepted = self.meta().generation;
+        if generation < accepted {
+            return Err(ReplicaError::StaleGeneration {
+                offered: generation,
+                accepted,
+            });
+        }
+        if generation > accepted {
+            self.commit_meta(|m| {
+                m.generation = generation;
+                Ok(())
+            })
+            .await?;
+            tracing::info!(
+                generation,
+                previous = accepted,
+                "accepted a new engine generation"
+            );
+        }
+        Ok(())
     }
-    pub async fn set_epoch(&self, _epoch: u64, _members: Vec<String>) -> Result<()> {
-        todo!()
+
+    /// Records membership `epoch` and its members durably. Epochs never go back.
+    pub async fn set_epoch(&self, epoch: u64, members: Vec<String>) -> Result<()> {
+        let _ops = self.ops.lock().await;
+        self.check_open()?;
+        let current = self.meta().epoch;
+        if epoch < current {
+            return Err(ReplicaError::Invalid(format!(
+                "epoch {epoch} is lower than the recorded epoch {current}"
+            )));
+        }
+        self.commit_meta(move |m| {
+            m.epoch = epoch;
+            m.epoch_members = members;
+            Ok(())
+        })
+        .await
+        .map(|_| ())
     }
+
+    /// Applies `change` to a copy of the metadata, stores it durably (the commit point), then
+    /// makes it current. The caller holds `ops`.
+    async fn commit_meta(&self, change: impl FnOnce(&mut Meta) -> Result<()>) -> Result<Meta> {
+        let mut next = self.meta().clone();
+        change(&mut next)?;
+        next.validate(&self.dir.join(META_FILE))?;
+        let dir = self.dir.clone();
+        let stored = next.clone();
+        blocking("store metadata", move || stored.store(&dir)).await?;
+        *self.meta() = next.clone();
+        Ok(next)
+    }
+
     pub fn info(&self) -> ReplicaInfo {
-        todo!()
+        let meta = self.meta().clone();
+        let chain = self.chain();
+        let order = meta.chain();
+        let mut layers: Vec<&LayerMeta> = order.iter().filter_map(|id| meta.layer(*id)).collect();
+        let mut off: Vec<&LayerMeta> = meta
+            .layers
+            .iter()
+            .filter(|l| !order.contains(&l.id))
+            .collect();
+        off.sort_by_key(|l| l.id);
+        layers.extend(off);
+        let layers = layers
+            .into_iter()
+            .map(|l| LayerInfo {
+                id: l.id.0,
+                name: l.name.clone().unwrap_or_default(),
+                parent: l.parent.map_or(0, |p| p.0),
+                head: l.id == meta.head,
+                user_created: l.user_created,
+                data_bytes: if l.id == meta.head {
+                    chain.head_extents.covered() * BLOCK_SIZE
+                } else {
+                    chain.data_bytes.get(&l.id).copied().unwrap_or(0)
+                },
+                created: l.created.clone(),
+                labels: l.labels.clone(),
+                size: l.size,
+            })
+            .collect();
+        ReplicaInfo {
+            replica_id: meta.replica_id.clone(),
+            size: meta.size,
+            generation: meta.generation,
+            epoch: meta.epoch,
+            epoch_members: meta.epoch_members.clone(),
+            flush_number: self.regions.flushed(),
+            layers,
+            region_size: self.regions.region_size(),
+            region_count: self.regions.region_count(),
+            dirty_regions: self.regions.dirty(),
+        }
     }
-    /// Data extents of a layer (`None` = head) within `range`, in bytes.
-    pub async fn list_extents(
-        &self,
-        _layer: Option<&str>,
-        _range: Range<u64>,
-    ) -> Result<Vec<Range<u64>>> {
-        todo!()
+
+    /// Regions whose latest write is covered by a flush numbered above `flush`: what a
+    /// replica that stopped after flush `flush` may lack.
+    pub fn regions_written_since(&self, flush: u64) -> Vec<u64> {
+        self.regions.written_since(flush)
     }
-    /// Raw bytes of one layer (zeros in its holes), not resolved through the chain.
-    pub async fn read_layer(&self, _layer: Option<&str>, _offset: u64, _len: u64) -> Result<Bytes> {
-        todo!()
+
+    /// Memory held by the extent indexes, in extents (for benchmarks and logs).
+    pub fn index_extents(&self) -> usize {
+        let c = self.chain();
+        c.head_extents.len() + c.below.len()
     }
-    /// Ensures the layer described by `spec` exists (see `WriteLayerRequest` in the proto).
-    pub async fn begin_layer(&self, _spec: &LayerSpec) -> Result<()> {
-        todo!()
-    }
-    /// Writes rebuild data into snapshot `name` (created by `begin_layer`).
-    pub async fn write_layer(&self, _name: &str, _offset: u64, _data: Bytes) -> Result<()> {
-        todo!()
-    }
-    /// Makes a rebuilt layer durable.
-    pub async fn finish_layer(&self, _name: &str) -> Result<()> {
-        todo!()
-    }
+
     /// Flushes and closes; every later call fails with `Closed`.
     pub async fn close(&self) -> Result<()> {
-        todo!()
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let _g = self.gate.write().await;
+        let head = self.chain().head_file();
+        self.io
+            .sync(&head)
+            .await
+            .map_err(io_err("fdatasync head"))?;
+        tracing::info!(dir = %self.dir.display(), "replica closed");
+        Ok(())
     }
+}
+
+/// Builds the in-memory chain from the metadata and open layer files (scans extents).
+fn build_chain(meta: &Meta, files: HashMap<LayerId, Arc<DataFile>>) -> Result<Chain> {
+    let order = meta.chain();
+    let head_extents =
+        scan(&files[&meta.head], meta.size)?
+            .into_iter()
+            .fold(ExtentMap::new(), |mut m, r| {
+                m.insert(blocks(&r), ());
+                m
+            });
+    let mut data_bytes = HashMap::new();
+    let mut below = ExtentMap::new();
+    // Newest snapshot first: an older layer only fills what newer ones left empty.
+    for &id in order.iter().rev().skip(1) {
+        let extents = scan(&files[&id], u64::MAX)?;
+        data_bytes.insert(id, extents.iter().map(|r| r.end - r.start).sum());
+        for r in extents {
+            below.fill_under(blocks(&r), id, |_| false);
+        }
+    }
+    for l in &meta.layers {
+        if !order.contains(&l.id) {
+            let extents = scan(&files[&l.id], u64::MAX)?;
+            data_bytes.insert(l.id, extents.iter().map(|r| r.end - r.start).sum());
+        }
+    }
+    let rank = order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+    Ok(Chain {
+        head: meta.head,
+        files,
+        rank,
+        head_extents,
+        below,
+        data_bytes,
+    })
+}
+
+fn scan(file: &DataFile, limit: u64) -> Result<Vec<Range<u64>>> {
+    fsops::data_extents(file.file(), 0..limit, BLOCK_SIZE).map_err(io_err("scan layer extents"))
 }

@@ -1,0 +1,479 @@
+//! Per-region flush bookkeeping: what the engine compares to reconcile replicas cheaply.
+//!
+//! The volume is cut into regions (1 MiB by default, larger for volumes over 1 TiB so there
+//! are at most 2^20). For each region the replica keeps `last_flush[r]`: the number of the
+//! flush that covers the latest write to it. With `flushed` the number of the last completed
+//! flush, region `r` is *dirty* (written since the last flush, so possibly different on
+//! another replica) exactly when `last_flush[r] > flushed`, and "regions written since flush
+//! F" are those with `last_flush[r] > F`: what a replica that stopped at flush F may lack.
+//!
+//! # File layout (`regions.dat`, little-endian)
+//!
+//! ```text
+//! page 0, page 1   header slots: magic "ZEBUREGN", version u32, seq u64, flushed u64,
+//!                  region_size u64, region_count u64, crc32c u32 over the fields before it
+//! page 2 ..        last_flush[r] as u64, 512 regions per 4 KiB page
+//! ```
+//!
+//! # Commit points
+//!
+//! - Write-ahead: before the first write after a flush to region `r` is issued to the layer
+//!   file, the page holding `last_flush[r]` is written and fdatasync'ed. So a region whose
+//!   data may have changed on disk is always marked dirty on disk, whatever the crash. Writes
+//!   that need a page persisted at the same moment share one fdatasync (group commit); writes
+//!   to regions already dirty cost nothing.
+//! - Flush: after every write tagged with a flush number ≤ F has completed and the layer
+//!   files were fdatasync'ed, the header slot with the lower `seq` is overwritten with
+//!   `flushed = F` and fdatasync'ed. `open` takes the valid slot with the higher `seq`, so a
+//!   torn header write leaves the previous flush number, which is conservative.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Mutex;
+
+use tokio::sync::Notify;
+
+use crate::error::{ReplicaError, Result};
+
+const MAGIC: &[u8; 8] = b"ZEBUREGN";
+const VERSION: u32 = 1;
+const PAGE: u64 = 4096;
+const PER_PAGE: u64 = PAGE / 8;
+const HEADER_PAGES: u64 = 2;
+/// Default region size.
+pub const DEFAULT_REGION_SIZE: u64 = 1 << 20;
+/// Regions are enlarged so that no volume has more than this many.
+pub const MAX_REGIONS: u64 = 1 << 20;
+
+/// The region size for a new volume of `size` bytes.
+pub fn region_size_for(size: u64) -> u64 {
+    let mut rs = DEFAULT_REGION_SIZE;
+    while size.div_ceil(rs) > MAX_REGIONS {
+        rs *= 2;
+    }
+    rs
+}
+
+struct State {
+    last_flush: Vec<u64>,
+    flushed: u64,
+    /// The flush number new writes are tagged with.
+    pending: u64,
+    /// Writes in flight per tag.
+    in_flight: BTreeMap<u64, usize>,
+    /// Pages changed in memory but not yet persisted.
+    unpersisted: BTreeSet<u64>,
+    header_seq: u64,
+}
+
+/// The region record of one replica. Shared; all methods take `&self`.
+pub struct Regions {
+    file: File,
+    region_size: u64,
+    state: Mutex<State>,
+    /// Serialises page persistence (group commit) and header writes.
+    committer: tokio::sync::Mutex<()>,
+    drained: Notify,
+}
+
+/// Held while a write or unmap is in flight; tells a flush when it may proceed.
+pub struct WriteTicket<'a> {
+    regions: &'a Regions,
+    tag: u64,
+}
+
+impl Drop for WriteTicket<'_> {
+    fn drop(&mut self) {
+        let mut st = self.regions.lock();
+        if let Some(n) = st.in_flight.get_mut(&self.tag) {
+            *n -= 1;
+            if *n == 0 {
+                st.in_flight.remove(&self.tag);
+                self.regions.drained.notify_waiters();
+            }
+        }
+    }
+}
+
+fn header_bytes(seq: u64, flushed: u64, region_size: u64, region_count: u64) -> Vec<u8> {
+    let mut b = Vec::with_capacity(PAGE as usize);
+    b.extend_from_slice(MAGIC);
+    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&seq.to_le_bytes());
+    b.extend_from_slice(&flushed.to_le_bytes());
+    b.extend_from_slice(&region_size.to_le_bytes());
+    b.extend_from_slice(&region_count.to_le_bytes());
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b.resize(PAGE as usize, 0);
+    b
+}
+
+/// (seq, flushed, region_size, region_count) of a valid header slot.
+fn parse_header(b: &[u8]) -> Option<(u64, u64, u64, u64)> {
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    if b.len() < 48 || &b[..8] != MAGIC {
+        return None;
+    }
+    let crc = u32::from_le_bytes(b[44..48].try_into().expect("4 bytes"));
+    if crc != crc32c::crc32c(&b[..44])
+        || u32::from_le_bytes(b[8..12].try_into().expect("4")) != VERSION
+    {
+        return None;
+    }
+    Some((u64_at(12), u64_at(20), u64_at(28), u64_at(36)))
+}
+
+impl Regions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .expect("invariant: regions lock not poisoned")
+    }
+
+    /// Creates a fresh record (everything clean, flush number 0) at `path`.
+    pub fn create(path: &Path, size: u64, region_size: u64) -> Result<Regions> {
+        let ctx = |e| ReplicaError::io(format!("create {}", path.display()), e);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(ctx)?;
+        let count = size.div_ceil(region_size);
+        file.set_len((HEADER_PAGES + count.div_ceil(PER_PAGE)) * PAGE)
+            .map_err(ctx)?;
+        file.write_all_at(&header_bytes(1, 0, region_size, count), 0)
+            .map_err(ctx)?;
+        file.sync_all().map_err(ctx)?;
+        Ok(Regions::from_parts(
+            file,
+            region_size,
+            vec![0; count as usize],
+            0,
+            1,
+        ))
+    }
+
+    /// Opens the record; regions for a volume grown to `size` are added (clean).
+    pub fn open(path: &Path, size: u64, region_size: u64) -> Result<Regions> {
+        let ctx = |e| ReplicaError::io(format!("open {}", path.display()), e);
+        let corrupt = |why: &str| ReplicaError::Corrupt {
+            path: path.to_owned(),
+            why: why.into(),
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(ctx)?;
+        let mut hdr = vec![0u8; (HEADER_PAGES * PAGE) as usize];
+        file.read_exact_at(&mut hdr, 0).map_err(ctx)?;
+        let slots = [
+            parse_header(&hdr[..PAGE as usize]),
+            parse_header(&hdr[PAGE as usize..]),
+        ];
+        let (seq, flushed, rs, _) = slots
+            .into_iter()
+            .flatten()
+            .max_by_key(|s| s.0)
+            .ok_or_else(|| corrupt("no valid header slot"))?;
+        if rs != region_size {
+            return Err(corrupt("region size differs from replica.json"));
+        }
+        let count = size.div_ceil(region_size);
+        let want_len = (HEADER_PAGES + count.div_ceil(PER_PAGE)) * PAGE;
+        let len = file.metadata().map_err(ctx)?.len();
+        if len < want_len {
+            // Grown volume (or an expand interrupted by a crash): new regions are clean.
+            file.set_len(want_len).map_err(ctx)?;
+        }
+        let mut raw = vec![0u8; (count.div_ceil(PER_PAGE) * PAGE) as usize];
+        file.read_exact_at(&mut raw, HEADER_PAGES * PAGE)
+            .map_err(ctx)?;
+        let last_flush = raw
+            .chunks_exact(8)
+            .take(count as usize)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        Ok(Regions::from_parts(
+            file,
+            region_size,
+            last_flush,
+            flushed,
+            seq,
+        ))
+    }
+
+    fn from_parts(
+        file: File,
+        region_size: u64,
+        last_flush: Vec<u64>,
+        flushed: u64,
+        seq: u64,
+    ) -> Regions {
+        Regions {
+            file,
+            region_size,
+            state: Mutex::new(State {
+                last_flush,
+                flushed,
+                pending: flushed + 1,
+                in_flight: BTreeMap::new(),
+                unpersisted: BTreeSet::new(),
+                header_seq: seq,
+            }),
+            committer: tokio::sync::Mutex::new(()),
+            drained: Notify::new(),
+        }
+    }
+
+    pub fn region_size(&self) -> u64 {
+        self.region_size
+    }
+
+    pub fn region_count(&self) -> u64 {
+        self.lock().last_flush.len() as u64
+    }
+
+    /// The number of the last completed flush.
+    pub fn flushed(&self) -> u64 {
+        self.lock().flushed
+    }
+
+    /// Regions written since the last flush.
+    pub fn dirty(&self) -> Vec<u64> {
+        self.written_since(self.flushed())
+    }
+
+    /// Regions whose latest write is covered by a flush numbered above `flush`.
+    pub fn written_since(&self, flush: u64) -> Vec<u64> {
+        let st = self.lock();
+        (0..st.last_flush.len() as u64)
+            .filter(|&r| st.last_flush[r as usize] > flush)
+            .collect()
+    }
+
+    /// Registers a write or unmap of the byte range `bytes` and returns once the regions it
+    /// touches are durably marked dirty. Keep the ticket until the data write has completed.
+    pub async fn begin_write(&self, bytes: Range<u64>) -> Result<WriteTicket<'_>> {
+        let need_commit = {
+            let mut st = self.lock();
+            let tag = st.pending;
+            *st.in_flight.entry(tag).or_insert(0) += 1;
+            let first = bytes.start / self.region_size;
+            let last = (bytes.end.max(bytes.start + 1) - 1) / self.region_size;
+            let mut need = false;
+            for r in first..=last.min(st.last_flush.len() as u64 - 1) {
+                if st.last_flush[r as usize] < tag {
+                    st.last_flush[r as usize] = tag;
+                    st.unpersisted.insert(r / PER_PAGE);
+                    need = true;
+                }
+            }
+            (tag, need)
+        };
+        let ticket = WriteTicket {
+            regions: self,
+            tag: need_commit.0,
+        };
+        if need_commit.1 {
+            self.persist_pages().await?;
+        }
+        Ok(ticket)
+    }
+
+    /// Writes every unpersisted page and fdatasyncs once (group commit).
+    async fn persist_pages(&self) -> Result<()> {
+        let _guard = self.committer.lock().await;
+        let pages: Vec<(u64, Vec<u8>)> = {
+            let mut st = self.lock();
+            let pages = std::mem::take(&mut st.unpersisted);
+            pages
+                .into_iter()
+                .map(|p| {
+                    let start = (p * PER_PAGE) as usize;
+                    let end = (start + PER_PAGE as usize).min(st.last_flush.len());
+                    let mut b: Vec<u8> = st.last_flush[start..end]
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect();
+                    b.resize(PAGE as usize, 0);
+                    (p, b)
+                })
+                .collect()
+        };
+        if pages.is_empty() {
+            return Ok(()); // another writer's commit covered ours
+        }
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| ReplicaError::io("dup regions.dat", e))?;
+        let res = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            for (p, b) in &pages {
+                file.write_all_at(b, (HEADER_PAGES + p) * PAGE)?;
+            }
+            file.sync_data()
+        })
+        .await
+        .map_err(|e| ReplicaError::io("regions commit task", std::io::Error::other(e)))?;
+        res.map_err(|e| ReplicaError::io("persist regions.dat", e))
+    }
+
+    /// Starts flush `number` (0: the next number): new writes get the following tag. Returns
+    /// the number once every write tagged with it (or lower) has completed. The caller then
+    /// makes the layer files durable and calls [`Regions::complete_flush`].
+    pub async fn start_flush(&self, number: u64) -> Result<u64> {
+        let number = {
+            let mut st = self.lock();
+            let number = if number == 0 {
+                st.pending.max(st.flushed + 1)
+            } else {
+                number
+            };
+            if number <= st.flushed {
+                return Err(ReplicaError::Invalid(format!(
+                    "flush number {number} is not above the durable flush number {}",
+                    st.flushed
+                )));
+            }
+            // A region written under a tag above `number` stays dirty after this flush.
+            st.pending = st.pending.max(number + 1);
+            number
+        };
+        loop {
+            let notified = self.drained.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.lock().in_flight.range(..=number).next().is_none() {
+                return Ok(number);
+            }
+            notified.await;
+        }
+    }
+
+    /// Records flush `number` as durable (after the layer files were fdatasync'ed).
+    pub async fn complete_flush(&self, number: u64) -> Result<()> {
+        let _guard = self.committer.lock().await;
+        let (seq, count) = {
+            let st = self.lock();
+            if number <= st.flushed {
+                return Ok(()); // a concurrent flush with a higher number won
+            }
+            (st.header_seq + 1, st.last_flush.len() as u64)
+        };
+        let slot = seq % 2;
+        let bytes = header_bytes(seq, number, self.region_size, count);
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| ReplicaError::io("dup regions.dat", e))?;
+        tokio::task::spawn_blocking(move || {
+            file.write_all_at(&bytes, slot * PAGE)?;
+            file.sync_data()
+        })
+        .await
+        .map_err(|e| ReplicaError::io("regions flush task", std::io::Error::other(e)))?
+        .map_err(|e| ReplicaError::io("write regions.dat header", e))?;
+        let mut st = self.lock();
+        st.header_seq = seq;
+        st.flushed = st.flushed.max(number);
+        Ok(())
+    }
+
+    /// Marks every region dirty (after a revert, which changes everything) and persists.
+    pub async fn mark_all_dirty(&self) -> Result<()> {
+        {
+            let mut st = self.lock();
+            let tag = st.pending;
+            let n = st.last_flush.len() as u64;
+            st.last_flush.iter_mut().for_each(|v| *v = (*v).max(tag));
+            st.unpersisted.extend(0..n.div_ceil(PER_PAGE));
+        }
+        self.persist_pages().await
+    }
+
+    /// Grows the record for a volume of `size` bytes (new regions are clean).
+    pub fn grow(&self, size: u64) -> Result<()> {
+        let count = size.div_ceil(self.region_size);
+        let mut st = self.lock();
+        if count as usize > st.last_flush.len() {
+            self.file
+                .set_len((HEADER_PAGES + count.div_ceil(PER_PAGE)) * PAGE)
+                .and_then(|_| self.file.sync_all())
+                .map_err(|e| ReplicaError::io("grow regions.dat", e))?;
+            st.last_flush.resize(count as usize, 0);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn dirty_regions_survive_reopen_and_clear_on_flush() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(REGIONS);
+        let size = 64 << 20;
+        let r = Regions::create(&path, size, DEFAULT_REGION_SIZE).expect("create");
+        {
+            let _t = r
+                .begin_write(3 << 20..(3 << 20) + 4096)
+                .await
+                .expect("write");
+            let _u = r
+                .begin_write((10 << 20) - 10..(10 << 20) + 10)
+                .await
+                .expect("write");
+        }
+        assert_eq!(r.dirty(), vec![3, 9, 10]);
+        drop(r);
+        // As after a crash: the marks were persisted before the data writes.
+        let r = Regions::open(&path, size, DEFAULT_REGION_SIZE).expect("open");
+        assert_eq!(r.dirty(), vec![3, 9, 10]);
+        let n = r.start_flush(0).await.expect("flush");
+        assert_eq!(n, 1);
+        r.complete_flush(n).await.expect("complete");
+        assert!(r.dirty().is_empty());
+        assert_eq!(r.written_since(0), vec![3, 9, 10]);
+        drop(r);
+        let r = Regions::open(&path, size, DEFAULT_REGION_SIZE).expect("reopen");
+        assert_eq!(r.flushed(), 1);
+        assert!(r.dirty().is_empty());
+        assert_eq!(r.written_since(0), vec![3, 9, 10]);
+    }
+
+    #[tokio::test]
+    async fn flush_waits_for_writes_in_flight() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let r = Regions::create(&dir.path().join(REGIONS), 8 << 20, DEFAULT_REGION_SIZE)
+            .expect("create");
+        let ticket = r.begin_write(0..4096).await.expect("write");
+        let flush = r.start_flush(0);
+        tokio::pin!(flush);
+        assert!(futures::poll!(flush.as_mut()).is_pending());
+        // A write started after the flush began is tagged for the next flush: not waited for.
+        let later = r.begin_write(4096..8192).await.expect("write");
+        assert!(futures::poll!(flush.as_mut()).is_pending());
+        drop(ticket);
+        let n = flush.await.expect("flush");
+        r.complete_flush(n).await.expect("complete");
+        assert_eq!(r.dirty(), vec![0], "the later write keeps region 0 dirty");
+        drop(later);
+    }
+
+    #[test]
+    fn big_volumes_get_bigger_regions() {
+        assert_eq!(region_size_for(1 << 40), 1 << 20);
+        assert_eq!(region_size_for(4 << 40), 4 << 20);
+    }
+
+    const REGIONS: &str = "regions.dat";
+}

@@ -1,0 +1,539 @@
+//! Snapshot operations (create, delete by merging, revert, purge), expand, and the layer
+//! access a rebuild needs (list extents, read a layer, write a layer).
+//!
+//! Every operation here holds `ops`, changes files first and commits with one metadata
+//! write (see `meta.rs`), so a crash leaves it either done or not done:
+//! - create: fsync the old head, create the new head file, commit. Undone: the new file is
+//!   a stray that `open` deletes.
+//! - delete (merge S into its child C): copy S's data into C where C has none, fsync C,
+//!   commit (C's parent becomes S's parent), delete S's file. A crash before the commit
+//!   leaves S in place and C holding some of S's blocks, which read the same through either
+//!   layer: nothing visible changed.
+//! - revert: mark every region dirty, create the new head, commit, delete the old head.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::meta::{LayerMeta, now_rfc3339};
+use super::{
+    BLOCK_SIZE, CHUNK, ExtentMap, LayerId, LayerSpec, Replica, blocking, blocks, build_chain,
+    create_layer_file, fsops, io_err,
+};
+use crate::error::{ReplicaError, Result};
+use crate::io::{AlignedBuf, DataFile};
+
+/// Snapshot names end up in logs, file listings and URLs: keep them plain.
+fn validate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(ReplicaError::Invalid(format!(
+            "snapshot name {name:?} must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'"
+        )))
+    }
+}
+
+impl Replica {
+    pub async fn snapshot_create(
+        &self,
+        name: &str,
+        user_created: bool,
+        labels: BTreeMap<String, String>,
+    ) -> Result<()> {
+        validate_name(name)?;
+        let _ops = self.ops.lock().await;
+        self.check_open()?;
+        if self.meta().snapshot(name).is_some() {
+            return Err(ReplicaError::SnapshotExists(name.to_string()));
+        }
+        let _g = self.gate.write().await;
+        let (old_head, old_file) = {
+            let c = self.chain();
+            (c.head, c.head_file())
+        };
+        self.io
+            .sync(&old_file)
+            .await
+            .map_err(io_err("fdatasync head"))?;
+        let size = self.size();
+        let (dir, new_id) = (self.dir.clone(), LayerId(self.meta().next_layer_id + 1));
+        let new_file =
+            blocking("create head", move || create_layer_file(&dir, new_id, size)).await?;
+        let name = name.to_string();
+        self.commit_meta(|m| {
+            let id = m.alloc_layer_id();
+            debug_assert_eq!(id, new_id);
+            let now = now_rfc3339();
+            let old = m.layer_mut(old_head).expect("invariant: head in meta");
+            old.name = Some(name.clone());
+            old.user_created = user_created;
+            old.labels = labels;
+            old.created = now.clone();
+            m.layers.push(LayerMeta {
+                id,
+                name: None,
+                parent: Some(old_head),
+                user_created: false,
+                created: now,
+                labels: BTreeMap::new(),
+                size,
+            });
+            m.head = id;
+            Ok(())
+        })
+        .await?;
+        let mut c = self.chain_mut();
+        let frozen = std::mem::take(&mut c.head_extents);
+        for (r, ()) in frozen.iter() {
+            c.below.insert(r, old_head);
+        }
+        c.data_bytes.insert(old_head, frozen.covered() * BLOCK_SIZE);
+        c.files.insert(new_id, new_file);
+        c.head = new_id;
+        let n = c.rank.len();
+        c.rank.insert(new_id, n);
+        tracing::info!(snapshot = %name, layer = new_id.0, "snapshot created");
+        Ok(())
+    }
+
+    pub async fn snapshot_delete(&self, name: &str) -> Result<()> {
+        let _ops = self.ops.lock().await;
+        self.check_open()?;
+        self.delete_locked(name).await
+    }
+
+    async fn delete_locked(&self, name: &str) -> Result<()> {
+        let (s, children) = {
+            let m = self.meta();
+            let s = m
+                .snapshot(name)
+                .ok_or_else(|| ReplicaError::UnknownSnapshot(name.to_string()))?;
+            (s.clone(), m.children(s.id))
+        };
+        match children.as_slice() {
+            [] => {}
+            [child] => self.merge(&s, *child).await?,
+            many => {
+                return Err(ReplicaError::Invalid(format!(
+                    "snapshot {name:?} has {} child layers (a revert branched from it); delete the branch first",
+                    many.len()
+                )));
+            }
+        }
+        let child = children.first().copied();
+        self.commit_meta(|m| {
+            if let Some(c) = child {
+                m.layer_mut(c).expect("invariant: child in meta").parent = s.parent;
+            }
+            m.layers.retain(|l| l.id != s.id);
+            Ok(())
+        })
+        .await?;
+        self.rebuild_index().await?;
+        let path = super::layer_path(&self.dir, s.id);
+        self.chain_mut().files.remove(&s.id);
+        blocking("remove snapshot file", move || {
+            std::fs::remove_file(&path).map_err(io_err(format!("remove {}", path.display())))
+        })
+        .await?;
+        tracing::info!(snapshot = %name, "snapshot deleted");
+        Ok(())
+    }
+
+    /// Copies the data of snapshot `s` into `child` wherever `child` has none, then makes
+    /// `child` durable.
+    async fn merge(&self, s: &LayerMeta, child: LayerId) -> Result<()> {
+        let (s_file, c_file, into_head) = {
+            let c = self.chain();
+            (
+                c.files[&s.id].clone(),
+                c.files[&child].clone(),
+                child == c.head,
+            )
+        };
+        let sf = s_file.clone();
+        let extents = blocking("scan snapshot", move || super::scan(&sf, u64::MAX)).await?;
+        let mut child_has: ExtentMap<()> = if into_head {
+            ExtentMap::new() // consulted under the gate instead, since the head changes
+        } else {
+            let cf = c_file.clone();
+            let e = blocking("scan child", move || super::scan(&cf, u64::MAX)).await?;
+            e.into_iter().fold(ExtentMap::new(), |mut m, r| {
+                m.insert(blocks(&r), ());
+                m
+            })
+        };
+        for ext in extents {
+            let mut at = ext.start;
+            while at < ext.end {
+                let chunk = at..(at + CHUNK).min(ext.end);
+                at = chunk.end;
+                // Into the head: exclusive gate per chunk, so no write lands between the check
+                // and the copy; I/O waits for one chunk at most.
+                let _g = if into_head {
+                    Some(self.gate.write().await)
+                } else {
+                    None
+                };
+                self.check_open()?;
+                let gaps: Vec<Range<u64>> = {
+                    let c = self.chain();
+                    let map = if into_head {
+                        &c.head_extents
+                    } else {
+                        &child_has
+                    };
+                    map.segments(blocks(&chunk))
+                        .into_iter()
+                        .filter(|(_, v)| v.is_none())
+                        .map(|(r, _)| r)
+                        .collect()
+                };
+                for gap in gaps {
+                    let bytes = super::to_bytes(gap.clone());
+                    self.copy_range(&s_file, &c_file, bytes).await?;
+                    if into_head {
+                        self.chain_mut().head_extents.insert(gap, ());
+                    } else {
+                        child_has.insert(gap, ());
+                    }
+                }
+            }
+        }
+        self.io
+            .sync(&c_file)
+            .await
+            .map_err(io_err("fdatasync merge target"))
+    }
+
+    async fn copy_range(
+        &self,
+        from: &Arc<DataFile>,
+        to: &Arc<DataFile>,
+        r: Range<u64>,
+    ) -> Result<()> {
+        let len = (r.end - r.start) as usize;
+        let buf = self
+            .io
+            .read_at(from, r.start, AlignedBuf::zeroed(len))
+            .await
+            .map_err(io_err(format!(
+                "read {len} bytes at {} for a merge",
+                r.start
+            )))?;
+        self.io
+            .write_at(to, r.start, buf)
+            .await
+            .map_err(io_err(format!(
+                "write {len} bytes at {} for a merge",
+                r.start
+            )))?;
+        Ok(())
+    }
+
+    /// Rebuilds the extent indexes from the files after the chain changed shape.
+    async fn rebuild_index(&self) -> Result<()> {
+        let meta = self.meta().clone();
+        let files = self.chain().files.clone();
+        let chain = blocking("rebuild index", move || build_chain(&meta, files)).await?;
+        *self.chain_mut() = chain;
+        Ok(())
+    }
+
+    /// Makes the named snapshot the parent of a new, empty head; the old head is discarded.
+    /// The engine stops the frontend first; I/O in flight is drained.
+    pub async fn snapshot_revert(&self, name: &str) -> Result<()> {
+        let _ops = self.ops.lock().await;
+        self.check_open()?;
+        let s = self
+            .meta()
+            .snapshot(name)
+            .ok_or_else(|| ReplicaError::UnknownSnapshot(name.to_string()))?
+            .id;
+        let _g = self.gate.write().await;
+        // Everything may read differently afterwards: mark it before anything changes.
+        self.regions.mark_all_dirty().await?;
+        let size = self.size();
+        let old_head = self.chain().head;
+        let (dir, new_id) = (self.dir.clone(), LayerId(self.meta().next_layer_id + 1));
+        let new_file =
+            blocking("create head", move || create_layer_file(&dir, new_id, size)).await?;
+        self.commit_meta(|m| {
+            let id = m.alloc_layer_id();
+            m.layers.retain(|l| l.id != old_head);
+            m.layers.push(LayerMeta {
+                id,
+                name: None,
+                parent: Some(s),
+                user_created: false,
+                created: now_rfc3339(),
+                labels: BTreeMap::new(),
+                size,
+            });
+            m.head = id;
+            Ok(())
+        })
+        .await?;
+        self.chain_mut().files.insert(new_id, new_file);
+        self.chain_mut().files.remove(&old_head);
+        self.rebuild_index().await?;
+        let path = super::layer_path(&self.dir, old_head);
+        blocking("remove old head", move || {
+            std::fs::remove_file(&path).map_err(io_err(format!("remove {}", path.display())))
+        })
+        .await?;
+        tracing::info!(snapshot = %name, "reverted");
+        Ok(())
+    }
+
+    /// Deletes every system snapshot that can be merged (one with at most one child).
+    pub async fn snapshot_purge(&self) -> Result<()> {
+        let _ops = self.ops.lock().await;
+        self.check_open()?;
+        loop {
+            let next = {
+                let m = self.meta();
+                m.layers
+                    .iter()
+                    .filter(|l| !l.user_created && l.id != m.head && m.children(l.id).len() <= 1)
+                    .find_map(|l| l.name.clone())
+            };
+            let Some(name) = next else { return Ok(()) };
+            self.delete_locked(&name).await?;
+        }
+    }
+
+    /// Grows the volume to `new_size` bytes (a multiple of the block size).
+    pub async fn expand(&self, new_size: u64) -> Result<()> {
+        let _ops = self.ops.lock().await;
+        self.check_open()?;
+        let size = self.size();
+        if new_size < size || !new_size.is_multiple_of(BLOCK_SIZE) {
+            return Err(ReplicaError::Invalid(format!(
+                "new size {new_size} must be a multiple of {BLOCK_SIZE} and not below the current {size}"
+            )));
+        }
+        if new_size == size {
+            return Ok(());
+        }
+        let _g = self.gate.write().await;
+        let head = self.chain().head_file();
+        blocking("grow head", move || {
+            head.file()
+                .set_len(new_size)
+                .and_then(|_| head.file().sync_all())
+                .map_err(io_err("grow head"))
+        })
+        .await?;
+        self.regions.grow(new_size)?;
+        self.commit_meta(|m| {
+            m.size = new_size;
+            let h = m.head;
+            m.layer_mut(h).expect("invariant: head in meta").size = new_size;
+            Ok(())
+        })
+        .await?;
+        self.size
+            .store(new_size, std::sync::atomic::Ordering::Release);
+        tracing::info!(from = size, to = new_size, "expanded");
+        Ok(())
+    }
+
+    fn layer_id(&self, layer: Option<&str>) -> Result<LayerId> {
+        match layer {
+            None | Some("") => Ok(self.meta().head),
+            Some(n) => self
+                .meta()
+                .snapshot(n)
+                .map(|l| l.id)
+                .ok_or_else(|| ReplicaError::UnknownSnapshot(n.to_string())),
+        }
+    }
+
+    /// Data extents of a layer (`None` = head) within `range`, in bytes, block aligned.
+    pub async fn list_extents(
+        &self,
+        layer: Option<&str>,
+        range: Range<u64>,
+    ) -> Result<Vec<Range<u64>>> {
+        self.check_open()?;
+        let id = self.layer_id(layer)?;
+        let (is_head, file) = {
+            let c = self.chain();
+            (id == c.head, c.files[&id].clone())
+        };
+        if is_head {
+            let c = self.chain();
+            return Ok(c
+                .head_extents
+                .segments(blocks(&(range.start / BLOCK_SIZE * BLOCK_SIZE..range.end)))
+                .into_iter()
+                .filter(|(_, v)| v.is_some())
+                .map(|(r, _)| super::to_bytes(r))
+                .collect());
+        }
+        blocking("list extents", move || {
+            fsops::data_extents(file.file(), range, BLOCK_SIZE)
+                .map_err(io_err("scan layer extents"))
+        })
+        .await
+    }
+
+    /// Raw bytes of one layer (zeros in its holes), not resolved through the chain.
+    /// `offset` and `len` must be block aligned.
+    pub async fn read_layer(&self, layer: Option<&str>, offset: u64, len: u64) -> Result<Bytes> {
+        self.check_open()?;
+        check_aligned(offset, len)?;
+        let id = self.layer_id(layer)?;
+        let file = self.chain().files[&id].clone();
+        let buf = self
+            .io
+            .read_at(&file, offset, AlignedBuf::zeroed(len as usize))
+            .await
+            .map_err(io_err(format!("read {len} bytes of {id} at {offset}")))?;
+        Ok(super::buf_to_bytes(buf))
+    }
+
+    /// Ensures the snapshot layer described by `spec` exists (see `WriteLayerRequest` in the
+    /// proto): an existing one must have the same parent; a new one is inserted in the head's
+    /// chain as the parent of the layer whose parent is `spec.parent` now.
+    pub async fn begin_layer(&self, spec: &LayerSpec) -> Result<()> {
+        validate_name(&spec.name)?;
+        let _ops = self.ops.lock().await;
+        self.check_open()?;
+        let (existing, parent, child) = {
+            let m = self.meta();
+            let parent = if spec.parent.is_empty() {
+                None
+            } else {
+                Some(
+                    m.snapshot(&spec.parent)
+                        .ok_or_else(|| ReplicaError::UnknownSnapshot(spec.parent.clone()))?
+                        .id,
+                )
+            };
+            let child = m
+                .chain()
+                .into_iter()
+                .find(|id| m.layer(*id).is_some_and(|l| l.parent == parent));
+            (m.snapshot(&spec.name).map(|l| l.parent), parent, child)
+        };
+        if let Some(p) = existing {
+            return if p == parent {
+                Ok(())
+            } else {
+                Err(ReplicaError::Invalid(format!(
+                    "snapshot {:?} exists with another parent than {:?}",
+                    spec.name, spec.parent
+                )))
+            };
+        }
+        let child = child.ok_or_else(|| {
+            ReplicaError::Invalid(format!(
+                "no layer in the head's chain has parent {:?}",
+                spec.parent
+            ))
+        })?;
+        let size = if spec.size == 0 {
+            self.size()
+        } else {
+            spec.size.min(self.size())
+        };
+        let (dir, id) = (self.dir.clone(), LayerId(self.meta().next_layer_id + 1));
+        let file = blocking("create layer", move || create_layer_file(&dir, id, size)).await?;
+        let spec = spec.clone();
+        self.commit_meta(|m| {
+            let new = m.alloc_layer_id();
+            m.layer_mut(child).expect("invariant: child in meta").parent = Some(new);
+            m.layers.push(LayerMeta {
+                id: new,
+                name: Some(spec.name.clone()),
+                parent,
+                user_created: spec.user_created,
+                created: if spec.created.is_empty() {
+                    now_rfc3339()
+                } else {
+                    spec.created.clone()
+                },
+                labels: spec.labels.clone(),
+                size,
+            });
+            Ok(())
+        })
+        .await?;
+        self.chain_mut().files.insert(id, file);
+        // Ranks shift: the new layer sits below `child`. It holds no data yet.
+        self.rebuild_index().await
+    }
+
+    /// Writes rebuild data into snapshot `name` (created by `begin_layer`).
+    pub async fn write_layer(&self, name: &str, offset: u64, data: Bytes) -> Result<()> {
+        check_aligned(offset, data.len() as u64)?;
+        let _ops = self.ops.lock().await;
+        self.check_open()?;
+        let id = self.layer_id(Some(name))?;
+        let size = self.meta().layer(id).map_or(0, |l| l.size);
+        if offset + data.len() as u64 > size {
+            return Err(ReplicaError::OutOfRange {
+                offset,
+                length: data.len() as u64,
+                size,
+            });
+        }
+        let file = self.chain().files[&id].clone();
+        self.io
+            .write_at(&file, offset, AlignedBuf::copy_from(&data))
+            .await
+            .map_err(io_err(format!(
+                "write {} bytes of {id} at {offset}",
+                data.len()
+            )))?;
+        let mut c = self.chain_mut();
+        if let Some(&rank) = c.rank.get(&id) {
+            let ranks = c.rank.clone();
+            c.below
+                .fill_under(blocks(&(offset..offset + data.len() as u64)), id, |old| {
+                    ranks[&old] < rank
+                });
+        }
+        Ok(())
+    }
+
+    /// Makes a rebuilt layer durable.
+    pub async fn finish_layer(&self, name: &str) -> Result<()> {
+        let _ops = self.ops.lock().await;
+        self.check_open()?;
+        let id = self.layer_id(Some(name))?;
+        let file = self.chain().files[&id].clone();
+        self.io
+            .sync(&file)
+            .await
+            .map_err(io_err(format!("fdatasync {id}")))?;
+        let f = file.clone();
+        let bytes: u64 = blocking("scan layer", move || super::scan(&f, u64::MAX))
+            .await?
+            .iter()
+            .map(|r| r.end - r.start)
+            .sum();
+        self.chain_mut().data_bytes.insert(id, bytes);
+        Ok(())
+    }
+}
+
+fn check_aligned(offset: u64, len: u64) -> Result<()> {
+    if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) || len == 0 {
+        return Err(ReplicaError::Invalid(format!(
+            "layer I/O at {offset}+{len} must be a non-empty multiple of {BLOCK_SIZE} bytes"
+        )));
+    }
+    Ok(())
+}
