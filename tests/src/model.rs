@@ -70,8 +70,8 @@ pub fn decode(block: u64, data: &[u8]) -> Result<u64, String> {
 struct BlockState {
     /// What the last completed flush made durable.
     durable: u64,
-    /// The newest acknowledged stamp (becomes durable at the next flush).
-    acked: u64,
+    /// The newest acknowledged stamp (becomes durable at the next flush); 0 is an unmap.
+    acked: Option<u64>,
     /// Every stamp sent since the last flush, acknowledged or not.
     since_flush: Vec<u64>,
 }
@@ -94,15 +94,15 @@ impl Model {
 
     /// Records that the write of `stamp` to `block` was acknowledged.
     pub fn acked(&mut self, block: u64, stamp: u64) {
-        self.blocks.entry(block).or_default().acked = stamp;
+        self.blocks.entry(block).or_default().acked = Some(stamp);
     }
 
     /// Records a completed flush that was sent after every write sent so far was
     /// acknowledged or abandoned.
     pub fn flushed(&mut self) {
         for s in self.blocks.values_mut() {
-            if s.acked != 0 {
-                s.durable = s.acked;
+            if let Some(acked) = s.acked {
+                s.durable = acked;
             }
             s.since_flush.clear();
         }
@@ -136,7 +136,7 @@ impl Model {
         }
         let s = self.blocks.entry(block).or_default();
         s.durable = stamp;
-        s.acked = stamp;
+        s.acked = None;
         s.since_flush.clear();
         Ok(())
     }
@@ -172,5 +172,18 @@ mod tests {
         assert!(m.clone().verify_and_settle(1, &block_data(1, 10)).is_ok());
         assert!(m.clone().verify_and_settle(1, &block_data(1, 11)).is_ok());
         assert!(m.verify_and_settle(1, &block_data(1, 0)).is_err());
+    }
+
+    #[test]
+    fn a_flushed_unmap_makes_zeros_durable() {
+        let mut m = Model::default();
+        m.sent(1, 10);
+        m.acked(1, 10);
+        m.flushed();
+        m.sent(1, 0);
+        m.acked(1, 0);
+        m.flushed();
+        assert_eq!(m.allowed(1), vec![0]);
+        assert_eq!(m.expected(1), 0);
     }
 }
