@@ -22,6 +22,31 @@ const SIZE: u64 = 64 << 20;
 /// The tests touch the first 8 MiB, so a full check reads little.
 const NBLOCKS: u64 = 2048;
 
+/// A kill delay that adapts so that about half the interrupted operations complete:
+/// longer after a kill that came too early, shorter after one that came too late.
+struct KillDelay {
+    micros: f64,
+}
+
+impl KillDelay {
+    fn new() -> KillDelay {
+        KillDelay { micros: 20_000.0 }
+    }
+
+    fn pick(&self, rng: &mut StdRng) -> Duration {
+        Duration::from_micros(rng.random_range(0..self.micros as u64 + 1))
+    }
+
+    fn observe(&mut self, done: bool) {
+        self.micros = if done {
+            self.micros * 0.7
+        } else {
+            self.micros * 1.5
+        }
+        .clamp(500.0, 2e6);
+    }
+}
+
 /// One replica directory and the process currently serving it.
 struct Rig {
     _tmp: tempfile::TempDir,
@@ -33,8 +58,16 @@ struct Rig {
 
 impl Rig {
     fn new(ip: u8) -> Rig {
-        let tmp = tempfile::tempdir().expect("tempdir");
+        // ZEBU_TEST_KEEP=1 keeps the directory (and the server's log) for a post-mortem.
+        let keep = std::env::var_os("ZEBU_TEST_KEEP").is_some();
+        let tmp = tempfile::Builder::new()
+            .keep(keep)
+            .tempdir()
+            .expect("tempdir");
         let dir = tmp.path().join("replica");
+        if keep {
+            eprintln!("keeping {}", dir.display());
+        }
         Rig {
             _tmp: tmp,
             dir,
@@ -208,7 +241,7 @@ async fn kill_during_writes_and_flushes_loses_no_flushed_write() {
     for _round in 0..ROUNDS {
         let (_client, mut s) = rig.start().await;
         verify(&mut s, &mut model).await;
-        let killer = rig.kill_after(Duration::from_millis(rng.random_range(5..200)));
+        let killer = rig.kill_after(Duration::from_millis(rng.random_range(10..500)));
         while batch(&mut s, &mut model, &mut rng, &mut stamp).await {
             batches += 1;
             if rng.random_ratio(1, 3) {
@@ -233,12 +266,13 @@ async fn kill_during_snapshot_create_leaves_it_done_or_not() {
     let mut snaps: Vec<(String, Model)> = Vec::new();
     let mut stamp = 0;
     let mut done = 0;
+    let mut delay = KillDelay::new();
     for round in 0..ROUNDS {
         let (mut client, mut s) = rig.start().await;
         verify(&mut s, &mut model).await;
         settled_batch(&mut s, &mut model, &mut rng, &mut stamp).await;
         let name = format!("s{round}");
-        let killer = rig.kill_after(Duration::from_micros(rng.random_range(0..15_000)));
+        let killer = rig.kill_after(delay.pick(&mut rng));
         let req = pb::SnapshotCreateRequest {
             name: name.clone(),
             user_created: true,
@@ -250,16 +284,17 @@ async fn kill_during_snapshot_create_leaves_it_done_or_not() {
         let (mut client, mut s) = rig.start().await;
         let info = client.info(pb::InfoRequest {}).await.unwrap().into_inner();
         let names = chain(&info);
+        delay.observe(names.contains(&name));
         if names.contains(&name) {
             done += 1;
             snaps.push((name, model.clone()));
         }
         let want: Vec<String> = snaps.iter().map(|(n, _)| n.clone()).collect();
         assert_eq!(names, want, "snapshots after the kill");
-        assert_eq!(
-            stamps(&mut s).await,
-            expected(&model),
-            "head after the kill"
+        assert_same(
+            &stamps(&mut s).await,
+            &expected(&model),
+            "head after the kill",
         );
         rig.reap(rig.kill_after(Duration::ZERO)).await;
     }
@@ -270,10 +305,10 @@ async fn kill_during_snapshot_create_leaves_it_done_or_not() {
             .snapshot_revert(pb::SnapshotRevertRequest { name: name.clone() })
             .await
             .unwrap();
-        assert_eq!(
-            stamps(&mut s).await,
-            expected(m),
-            "contents of snapshot {name}"
+        assert_same(
+            &stamps(&mut s).await,
+            &expected(m),
+            &format!("snapshot {name}"),
         );
     }
     eprintln!("{done} of {ROUNDS} interrupted snapshot creates completed");
@@ -287,12 +322,13 @@ async fn kill_during_snapshot_delete_leaves_it_done_or_not() {
     let mut snaps: Vec<(String, Model)> = Vec::new();
     let mut stamp = 0;
     let mut done = 0;
+    let mut delay = KillDelay::new();
     for round in 0..ROUNDS {
         let (mut client, mut s) = rig.start().await;
         verify(&mut s, &mut model).await;
         // Two new snapshots a round, with data in each, so there is always one to merge.
         for k in 0..2 {
-            for _ in 0..3 {
+            for _ in 0..2 {
                 settled_batch(&mut s, &mut model, &mut rng, &mut stamp).await;
             }
             let name = format!("s{round}-{k}");
@@ -305,7 +341,7 @@ async fn kill_during_snapshot_delete_leaves_it_done_or_not() {
         }
         settled_batch(&mut s, &mut model, &mut rng, &mut stamp).await;
         let victim = snaps[rng.random_range(0..snaps.len())].0.clone();
-        let killer = rig.kill_after(Duration::from_micros(rng.random_range(0..30_000)));
+        let killer = rig.kill_after(delay.pick(&mut rng));
         let _ = client
             .snapshot_delete(pb::SnapshotDeleteRequest {
                 name: victim.clone(),
@@ -316,6 +352,7 @@ async fn kill_during_snapshot_delete_leaves_it_done_or_not() {
         let (mut client, mut s) = rig.start().await;
         let info = client.info(pb::InfoRequest {}).await.unwrap().into_inner();
         let names = chain(&info);
+        delay.observe(!names.contains(&victim));
         if !names.contains(&victim) {
             done += 1;
             snaps.retain(|(n, _)| *n != victim);
@@ -323,10 +360,10 @@ async fn kill_during_snapshot_delete_leaves_it_done_or_not() {
         let want: Vec<String> = snaps.iter().map(|(n, _)| n.clone()).collect();
         assert_eq!(names, want, "snapshots after the kill (victim {victim})");
         // Merging never changes what the volume reads.
-        assert_eq!(
-            stamps(&mut s).await,
-            expected(&model),
-            "head after the kill"
+        assert_same(
+            &stamps(&mut s).await,
+            &expected(&model),
+            "head after the kill",
         );
         rig.reap(rig.kill_after(Duration::ZERO)).await;
     }
@@ -336,10 +373,10 @@ async fn kill_during_snapshot_delete_leaves_it_done_or_not() {
             .snapshot_revert(pb::SnapshotRevertRequest { name: name.clone() })
             .await
             .unwrap();
-        assert_eq!(
-            stamps(&mut s).await,
-            expected(m),
-            "contents of snapshot {name}"
+        assert_same(
+            &stamps(&mut s).await,
+            &expected(m),
+            &format!("snapshot {name}"),
         );
     }
     eprintln!("{done} of {ROUNDS} interrupted snapshot deletes completed");
@@ -353,6 +390,7 @@ async fn kill_during_revert_leaves_old_head_or_snapshot() {
     let mut snaps: Vec<(String, Model)> = Vec::new();
     let mut stamp = 0;
     let mut done = 0;
+    let mut delay = KillDelay::new();
     for round in 0..ROUNDS {
         let (mut client, mut s) = rig.start().await;
         verify(&mut s, &mut model).await;
@@ -368,7 +406,7 @@ async fn kill_during_revert_leaves_old_head_or_snapshot() {
             settled_batch(&mut s, &mut model, &mut rng, &mut stamp).await;
         }
         let (target, target_model) = snaps[rng.random_range(0..snaps.len())].clone();
-        let killer = rig.kill_after(Duration::from_micros(rng.random_range(0..15_000)));
+        let killer = rig.kill_after(delay.pick(&mut rng));
         let _ = client
             .snapshot_revert(pb::SnapshotRevertRequest {
                 name: target.clone(),
@@ -388,6 +426,7 @@ async fn kill_during_revert_leaves_old_head_or_snapshot() {
         }
         let got = stamps(&mut s).await;
         let (old, new) = (expected(&model), expected(&target_model));
+        delay.observe(got == new);
         if got == new && got != old {
             done += 1;
             model = target_model;
@@ -396,10 +435,8 @@ async fn kill_during_revert_leaves_old_head_or_snapshot() {
             // The revert changes nothing readable: either outcome is this model.
             model = target_model;
         } else {
-            assert_eq!(
-                got, old,
-                "head is neither the old head nor snapshot {target}"
-            );
+            let what = format!("head is neither the old head nor snapshot {target}");
+            assert_same(&got, &old, &what);
         }
         rig.reap(rig.kill_after(Duration::ZERO)).await;
     }
