@@ -25,25 +25,25 @@ const NBLOCKS: u64 = 2048;
 /// A kill delay that adapts so that about half the interrupted operations complete:
 /// longer after a kill that came too early, shorter after one that came too late.
 struct KillDelay {
-    micros: f64,
+    micros: u64,
 }
 
 impl KillDelay {
     fn new() -> KillDelay {
-        KillDelay { micros: 20_000.0 }
+        KillDelay { micros: 20_000 }
     }
 
     fn pick(&self, rng: &mut StdRng) -> Duration {
-        Duration::from_micros(rng.random_range(0..self.micros as u64 + 1))
+        Duration::from_micros(rng.random_range(0..=self.micros))
     }
 
     fn observe(&mut self, done: bool) {
         self.micros = if done {
-            self.micros * 0.7
+            self.micros * 7 / 10
         } else {
-            self.micros * 1.5
+            self.micros * 3 / 2
         }
-        .clamp(500.0, 2e6);
+        .clamp(500, 2_000_000);
     }
 }
 
@@ -61,7 +61,7 @@ impl Rig {
         // ZEBU_TEST_KEEP=1 keeps the directory (and the server's log) for a post-mortem.
         let keep = std::env::var_os("ZEBU_TEST_KEEP").is_some();
         let tmp = tempfile::Builder::new()
-            .keep(keep)
+            .disable_cleanup(keep)
             .tempdir()
             .expect("tempdir");
         let dir = tmp.path().join("replica");
