@@ -610,3 +610,87 @@ fn info_prints_the_chain() {
     assert_eq!(v["size"], SIZE);
     assert_eq!(v["layers"].as_array().map(Vec::len), Some(1));
 }
+
+/// Opens a raw data stream whose first messages are `first`; returns how it ended.
+async fn raw_stream(r: &ReplicaProcess, first: Vec<pb::DataRequest>) -> tonic::Status {
+    use futures::StreamExt;
+    let mut client = r.client().await.unwrap();
+    let stream = futures::stream::iter(first).chain(futures::stream::pending());
+    let mut rx = match client.data(stream).await {
+        Ok(resp) => resp.into_inner(),
+        Err(status) => return status,
+    };
+    match rx.message().await {
+        Ok(m) => panic!("expected the stream to end with an error, got {m:?}"),
+        Err(status) => status,
+    }
+}
+
+#[tokio::test]
+async fn hello_must_come_first_and_speak_version_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = start(&tmp, "r", 18);
+    let read = pb::DataRequest {
+        id: 1,
+        op: Some(Op::Read(ReadOp {
+            offset: 0,
+            length: BLOCK,
+        })),
+    };
+    let status = raw_stream(&r, vec![read]).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("hello"), "{}", status.message());
+
+    let hello = pb::DataRequest {
+        id: 0,
+        op: Some(Op::Hello(pb::DataHello {
+            protocol_version: 2,
+            generation: 1,
+        })),
+    };
+    let status = raw_stream(&r, vec![hello]).await;
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("protocol version 2"),
+        "{}",
+        status.message()
+    );
+
+    // A second hello on an accepted stream is a bad request, not the end of the stream.
+    let mut s = DataStream::open(&mut r.client().await.unwrap(), 1)
+        .await
+        .unwrap();
+    let resp = s
+        .call(Op::Hello(pb::DataHello {
+            protocol_version: 1,
+            generation: 1,
+        }))
+        .await
+        .unwrap();
+    assert_eq!(status_of(&resp), DataStatus::Invalid, "{resp:?}");
+    assert_serves(&mut s).await;
+}
+
+#[tokio::test]
+async fn half_closed_stream_still_answers_requests_in_flight() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = start(&tmp, "r", 19);
+    let mut s = DataStream::open(&mut r.client().await.unwrap(), 1)
+        .await
+        .unwrap();
+    for b in 0..64 {
+        s.send(Op::Write(WriteOp {
+            offset: b * BLOCK,
+            data: block_data(b, 7).into(),
+        }))
+        .await
+        .unwrap();
+    }
+    let mut rx = s.close_send();
+    let mut answered = 0;
+    while let Some(resp) = rx.message().await.expect("clean end") {
+        assert_eq!(status_of(&resp), DataStatus::Ok, "{resp:?}");
+        answered += 1;
+    }
+    assert_eq!(answered, 64);
+}
