@@ -25,7 +25,7 @@ use zebu_proto::replica as pb;
 use zebu_proto::replica::data_request::Op;
 
 use super::convert::{DataStatus, data_status_of};
-use super::{Fence, MAX_IN_FLIGHT, MAX_IO_BYTES, MAX_MESSAGE_BYTES, Shared};
+use super::{Fence, MAX_BYTES_IN_FLIGHT, MAX_IN_FLIGHT, MAX_IO_BYTES, MAX_MESSAGE_BYTES, Shared};
 
 /// How long a new stream may take to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -61,6 +61,7 @@ async fn run(shared: Arc<Shared>, mut inbound: Streaming<pb::DataRequest>, tx: T
 
     let mut fence = shared.fence.subscribe();
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let byte_budget = Arc::new(Semaphore::new(BUDGET_UNITS as usize));
     let end: Option<Status> = loop {
         if let Some(why) = fenced(*fence.borrow_and_update(), generation, closes) {
             break Some(why);
@@ -72,6 +73,13 @@ async fn run(shared: Arc<Shared>, mut inbound: Streaming<pb::DataRequest>, tx: T
         tokio::select! {
             msg = inbound.message() => match msg {
                 Ok(Some(req)) => {
+                    // Requests in flight finish on their own, so this wait always ends.
+                    let bytes = byte_budget
+                        .clone()
+                        .acquire_many_owned(budget_units(&req))
+                        .await
+                        .expect("invariant: the semaphore is never closed");
+                    let permit = (permit, bytes);
                     let task = execute(shared.clone(), generation, closes, req, tx.clone(), permit);
                     tokio::spawn(task.in_current_span());
                 }
@@ -116,6 +124,14 @@ async fn hello(
         )));
     }
     let g = hello.generation;
+    {
+        // Another stream of the accepted generation (engines may open several): nothing to
+        // persist or fence, so don't hold back the I/O in flight with the write guard.
+        let state = shared.state.read().await;
+        if state.replica.is_some() && g == state.generation {
+            return Ok((g, state.closes));
+        }
+    }
     let mut state = shared.state.write().await;
     let Some(replica) = state.replica.clone() else {
         return Err(Status::unavailable("the replica is closed"));
@@ -173,6 +189,22 @@ fn transport_error(status: Status) -> Status {
     }
 }
 
+/// The byte budget is counted in 4 KiB units.
+const BUDGET_UNIT: u64 = 4096;
+const BUDGET_UNITS: u64 = MAX_BYTES_IN_FLIGHT / BUDGET_UNIT;
+
+/// The share of the byte budget a request holds until it is answered: its payload (read
+/// data is allocated when it runs), capped so that one oversized request cannot wait
+/// forever (it is refused without allocating anyway).
+fn budget_units(req: &pb::DataRequest) -> u32 {
+    let bytes = match &req.op {
+        Some(Op::Read(r)) if r.length <= MAX_IO_BYTES => r.length,
+        Some(Op::Write(w)) => w.data.len() as u64,
+        _ => 0,
+    };
+    bytes.div_ceil(BUDGET_UNIT).clamp(1, BUDGET_UNITS) as u32
+}
+
 fn ok(id: u64) -> pb::DataResponse {
     pb::DataResponse {
         id,
@@ -200,7 +232,7 @@ async fn execute(
     closes: u64,
     req: pb::DataRequest,
     tx: Tx,
-    _permit: OwnedSemaphorePermit,
+    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 ) {
     let id = req.id;
     let resp = match req.op {

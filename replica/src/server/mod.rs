@@ -23,8 +23,9 @@
 //! stream that carried it (the transport cannot skip it) with `RESOURCE_EXHAUSTED`, and the
 //! server keeps serving other streams. One read or write moves at most [`MAX_IO_BYTES`];
 //! larger ones are answered `STATUS_INVALID`. A data stream executes at most
-//! [`MAX_IN_FLIGHT`] requests at once and stops reading its input beyond that, so a flood
-//! is back-pressured by HTTP/2 flow control instead of filling memory.
+//! [`MAX_IN_FLIGHT`] requests and [`MAX_BYTES_IN_FLIGHT`] of payload at once and stops
+//! reading its input beyond that, so a flood is back-pressured by HTTP/2 flow control
+//! instead of filling memory.
 
 mod convert;
 mod data;
@@ -53,6 +54,9 @@ pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 pub const MAX_IO_BYTES: u64 = 8 << 20;
 /// Requests one data stream executes at once.
 pub const MAX_IN_FLIGHT: usize = 256;
+/// Read and write payload one data stream holds in memory at once (requests running or
+/// answered but not yet sent); beyond it the stream stops reading its input.
+pub const MAX_BYTES_IN_FLIGHT: u64 = 128 << 20;
 /// Size of the chunks `ReadLayer` streams.
 pub const LAYER_CHUNK_BYTES: u64 = 1 << 20;
 
