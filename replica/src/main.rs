@@ -11,7 +11,7 @@
 //! are reported as one line on stderr and a non-zero exit. Logs go to stderr, filtered by
 //! `RUST_LOG` (default `info`).
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -120,11 +120,17 @@ fn parse_size(s: &str) -> Result<u64, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `info` prints a report: only problems belong next to it by default.
+    let default_filter = match cli.command {
+        Command::Serve { .. } => "info",
+        Command::Info { .. } => "warn",
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .init();
     let runtime = match tokio::runtime::Runtime::new() {
