@@ -3,20 +3,58 @@
 //! [`IoEngine::new`] with [`BackendKind::Auto`] tries io_uring and falls back to the thread
 //! pool when the kernel refuses it (old kernel, seccomp, `io_uring_disabled`). Both back ends
 //! take and return [`AlignedBuf`]s so that files opened with `O_DIRECT` work; a file on a
-//! filesystem that refuses `O_DIRECT` (tmpfs, overlayfs) is opened buffered instead
-//! ([`DataFile::open`]).
+//! filesystem that refuses `O_DIRECT` (overlayfs, tmpfs before Linux 6.6) is opened buffered
+//! instead ([`DataFile::open`]).
+//!
+//! - `uring` — one thread owns a ring, batches submissions from a channel and reaps
+//!   completions; up to `IoConfig::uring_entries - 1` operations in flight.
+//! - `threads` — a fixed pool of `IoConfig::threads` threads doing `pread`/`pwrite`.
+//! - `request` — what both share: the request type, and the one place that decides what a
+//!   short transfer, `EINTR`/`EAGAIN` or end-of-file means.
+//!
+//! Both back ends own the buffer and an `Arc` of the file from submission until completion, so
+//! dropping an I/O future (cancellation) never frees memory or closes a descriptor the kernel
+//! is still using; the operation finishes and its result is discarded. Errors are the kernel's
+//! own `std::io::Error`s, unwrapped, so callers can match on `raw_os_error()` (e.g. `ENOSPC`).
+//!
+//! Choosing the back end: `BackendKind::Auto` reads the environment variable
+//! [`BACKEND_ENV`] (`ZEBU_IO_BACKEND=uring|threads|auto`), and otherwise probes io_uring once
+//! per process. An explicit `BackendKind::Uring`/`Threads` in code is not overridden.
 //!
 //! Flush point: [`IoEngine::sync`] is `fdatasync` issued after every write the caller has
-//! seen complete; callers drain their own in-flight writes first.
+//! seen complete; callers drain their own in-flight writes first. Operations in flight at the
+//! same time are unordered, as on a disk.
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use std::sync::Arc;
+//! use zebu_replica::io::{AlignedBuf, BackendKind, DataFile, IoEngine};
+//! let io = IoEngine::new(BackendKind::Auto)?;
+//! let file = Arc::new(DataFile::open("/var/tmp/layer".as_ref(), true)?);
+//! let buf = io.write_at(&file, 0, AlignedBuf::copy_from(b"hello")).await?;
+//! io.sync(&file).await?;
+//! let back = io.read_at(&file, 0, buf).await?;
+//! assert_eq!(&back[..5], b"hello");
+//! # Ok(()) }
+//! ```
 
 mod buf;
+mod request;
+mod threads;
+mod uring;
 
 pub use buf::AlignedBuf;
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::oneshot;
+
+use request::Request;
+use threads::ThreadPool;
+use uring::UringBackend;
 
 /// Alignment and granularity of every buffer, offset and length given to the back ends.
 pub const IO_ALIGN: usize = 4096;
@@ -28,6 +66,23 @@ pub enum BackendKind {
     Auto,
     Uring,
     Threads,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = std::io::Error;
+
+    /// Accepts `auto`, `uring` (or `io_uring`) and `threads`, as [`BACKEND_ENV`] does.
+    fn from_str(s: &str) -> std::io::Result<BackendKind> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(BackendKind::Auto),
+            "uring" | "io_uring" | "io-uring" => Ok(BackendKind::Uring),
+            "threads" | "thread" => Ok(BackendKind::Threads),
+            other => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("unknown I/O back end {other:?}; expected auto, uring or threads"),
+            )),
+        }
+    }
 }
 
 /// The back end an [`IoEngine`] actually runs.
@@ -56,9 +111,44 @@ pub struct DataFile {
 impl DataFile {
     /// Opens (or creates) `path` read-write, with `O_DIRECT` where the filesystem allows it.
     pub fn open(path: &Path, create: bool) -> std::io::Result<DataFile> {
-        use std::os::unix::fs::OpenOptionsExt;
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true).write(true).create(create);
+        DataFile::open_direct_if_allowed(path, &opts)
+    }
+
+    /// Whether the file was opened with `O_DIRECT`.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Opens (or creates) `path` read-write without `O_DIRECT`, whatever the filesystem
+    /// allows: for small metadata files, where the page cache is cheaper.
+    pub fn open_buffered(path: &Path, create: bool) -> std::io::Result<DataFile> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .open(path)?;
+        Ok(DataFile {
+            file,
+            direct: false,
+        })
+    }
+
+    /// Opens `path` read-only, with `O_DIRECT` where the filesystem allows it (snapshot layers).
+    pub fn open_read_only(path: &Path) -> std::io::Result<DataFile> {
+        let mut opts = std::fs::OpenOptions::new();
+        opts.read(true);
+        DataFile::open_direct_if_allowed(path, &opts)
+    }
+
+    /// Filesystems without direct I/O refuse `O_DIRECT` at open with `EINVAL`; those files are
+    /// used through the page cache instead (and `sync` still makes them durable).
+    fn open_direct_if_allowed(
+        path: &Path,
+        opts: &std::fs::OpenOptions,
+    ) -> std::io::Result<DataFile> {
+        use std::os::unix::fs::OpenOptionsExt;
         match opts.clone().custom_flags(libc::O_DIRECT).open(path) {
             Ok(file) => Ok(DataFile { file, direct: true }),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(DataFile {
@@ -69,9 +159,9 @@ impl DataFile {
         }
     }
 
-    /// Whether the file was opened with `O_DIRECT`.
-    pub fn is_direct(&self) -> bool {
-        self.direct
+    #[cfg(test)]
+    fn from_parts(file: File, direct: bool) -> DataFile {
+        DataFile { file, direct }
     }
 
     pub fn file(&self) -> &File {
@@ -83,23 +173,110 @@ impl DataFile {
     }
 }
 
-/// Submits reads, writes and syncs of [`DataFile`]s. Cheap to clone.
-#[derive(Clone, Debug)]
+/// Environment variable that forces the back end chosen by [`BackendKind::Auto`]:
+/// `uring`, `threads`, or `auto` (probe). Read by [`IoEngine::new`] and nowhere else.
+pub const BACKEND_ENV: &str = "ZEBU_IO_BACKEND";
+
+/// Tuning of an [`IoEngine`]; [`IoConfig::default`] suits a replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoConfig {
+    /// SQ size of the io_uring ring; one entry is kept for the wake-up read, the rest bound
+    /// the operations in flight (more wait in a queue).
+    pub uring_entries: u32,
+    /// Threads of the thread-pool back end, which is also its maximum queue depth.
+    pub threads: usize,
+    /// Largest length given to the kernel in one call; longer requests are issued in pieces,
+    /// through the same path as a short transfer. Rounded down to [`IO_ALIGN`], at most 1 GiB.
+    pub max_chunk: usize,
+}
+
+impl Default for IoConfig {
+    fn default() -> IoConfig {
+        IoConfig {
+            uring_entries: 256,
+            threads: 8,
+            max_chunk: MAX_CHUNK,
+        }
+    }
+}
+
+/// io_uring lengths are `u32`; a whole, aligned GiB stays well below that.
+const MAX_CHUNK: usize = 1 << 30;
+
+/// Submits reads, writes and syncs of [`DataFile`]s. Cheap to clone; the back end's threads
+/// stop when the last clone drops (after finishing what was submitted).
+#[derive(Clone)]
 pub struct IoEngine {
-    backend: Backend,
+    inner: Arc<Executor>,
+}
+
+enum Executor {
+    Uring(UringBackend),
+    Threads(ThreadPool),
+}
+
+impl std::fmt::Debug for IoEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoEngine")
+            .field("backend", &self.backend())
+            .finish()
+    }
 }
 
 impl IoEngine {
+    /// Starts an engine with the default [`IoConfig`].
     pub fn new(kind: BackendKind) -> std::io::Result<IoEngine> {
-        let backend = match kind {
-            BackendKind::Uring => Backend::Uring,
-            BackendKind::Auto | BackendKind::Threads => Backend::Threads,
+        IoEngine::with_config(kind, IoConfig::default())
+    }
+
+    pub fn with_config(kind: BackendKind, config: IoConfig) -> std::io::Result<IoEngine> {
+        let max_chunk = (config.max_chunk.min(MAX_CHUNK) / IO_ALIGN).max(1) * IO_ALIGN;
+        let kind = match kind {
+            BackendKind::Auto => match std::env::var(BACKEND_ENV) {
+                Ok(value) => value.parse().map_err(|e: std::io::Error| {
+                    std::io::Error::new(e.kind(), format!("{BACKEND_ENV}: {e}"))
+                })?,
+                Err(_) => BackendKind::Auto,
+            },
+            explicit => explicit,
         };
-        Ok(IoEngine { backend })
+        let executor = match kind {
+            BackendKind::Uring => {
+                Executor::Uring(UringBackend::start(config.uring_entries, max_chunk)?)
+            }
+            BackendKind::Threads => {
+                Executor::Threads(ThreadPool::start(config.threads, max_chunk)?)
+            }
+            BackendKind::Auto if uring_allowed() => {
+                match UringBackend::start(config.uring_entries, max_chunk) {
+                    Ok(uring) => Executor::Uring(uring),
+                    Err(e) => {
+                        // The probe passed, so this is a resource limit (e.g. locked memory on
+                        // kernels before 5.12); the thread pool still works.
+                        tracing::warn!(error = %e, "io_uring ring setup failed; using threads");
+                        Executor::Threads(ThreadPool::start(config.threads, max_chunk)?)
+                    }
+                }
+            }
+            BackendKind::Auto => Executor::Threads(ThreadPool::start(config.threads, max_chunk)?),
+        };
+        Ok(IoEngine {
+            inner: Arc::new(executor),
+        })
     }
 
     pub fn backend(&self) -> Backend {
-        self.backend
+        match *self.inner {
+            Executor::Uring(_) => Backend::Uring,
+            Executor::Threads(_) => Backend::Threads,
+        }
+    }
+
+    fn submit(&self, req: Request) {
+        match &*self.inner {
+            Executor::Uring(uring) => uring.submit(req),
+            Executor::Threads(pool) => pool.submit(req),
+        }
     }
 
     /// Reads `buf.len()` bytes at `offset`; bytes past the end of the file read as zeros.
@@ -107,24 +284,16 @@ impl IoEngine {
         &self,
         file: &Arc<DataFile>,
         offset: u64,
-        mut buf: AlignedBuf,
+        buf: AlignedBuf,
     ) -> std::io::Result<AlignedBuf> {
-        let file = file.clone();
-        tokio::task::spawn_blocking(move || {
-            use std::os::unix::fs::FileExt;
-            let mut done = 0;
-            while done < buf.len() {
-                let n = file.file.read_at(&mut buf[done..], offset + done as u64)?;
-                if n == 0 {
-                    buf[done..].fill(0);
-                    break;
-                }
-                done += n;
-            }
-            Ok(buf)
-        })
-        .await
-        .map_err(std::io::Error::other)?
+        let (reply, rx) = oneshot::channel();
+        self.submit(Request::Read {
+            file: file.clone(),
+            offset,
+            buf,
+            reply,
+        });
+        rx.await.map_err(|_| backend_stopped())?
     }
 
     /// Writes all of `buf` at `offset` and gives the buffer back.
@@ -134,21 +303,71 @@ impl IoEngine {
         offset: u64,
         buf: AlignedBuf,
     ) -> std::io::Result<AlignedBuf> {
-        let file = file.clone();
-        tokio::task::spawn_blocking(move || {
-            use std::os::unix::fs::FileExt;
-            file.file.write_all_at(&buf, offset)?;
-            Ok(buf)
-        })
-        .await
-        .map_err(std::io::Error::other)?
+        let (reply, rx) = oneshot::channel();
+        self.submit(Request::Write {
+            file: file.clone(),
+            offset,
+            buf,
+            reply,
+        });
+        rx.await.map_err(|_| backend_stopped())?
     }
 
     /// `fdatasync`: every write that completed before this call is durable when it returns.
     pub async fn sync(&self, file: &Arc<DataFile>) -> std::io::Result<()> {
-        let file = file.clone();
-        tokio::task::spawn_blocking(move || file.file.sync_data())
-            .await
-            .map_err(std::io::Error::other)?
+        let (reply, rx) = oneshot::channel();
+        self.submit(Request::Sync {
+            file: file.clone(),
+            reply,
+        });
+        rx.await.map_err(|_| backend_stopped())?
+    }
+}
+
+fn backend_stopped() -> std::io::Error {
+    std::io::Error::other("the I/O back end stopped before answering")
+}
+
+/// Whether io_uring works here, probed once per process: the answer cannot change while we
+/// run, and probing sets up a ring, so it is cached (and the fallback logged) once.
+fn uring_allowed() -> bool {
+    static PROBE: OnceLock<bool> = OnceLock::new();
+    *PROBE.get_or_init(|| match uring::probe() {
+        Ok(()) => {
+            tracing::info!("I/O back end: io_uring");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "io_uring is not available (kernel, seccomp or io_uring_disabled); \
+                 using the thread-pool I/O back end"
+            );
+            false
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_names_parse() {
+        assert_eq!(
+            "uring".parse::<BackendKind>().ok(),
+            Some(BackendKind::Uring)
+        );
+        assert_eq!(
+            "io_uring".parse::<BackendKind>().ok(),
+            Some(BackendKind::Uring)
+        );
+        assert_eq!(
+            " Threads ".parse::<BackendKind>().ok(),
+            Some(BackendKind::Threads)
+        );
+        assert_eq!("auto".parse::<BackendKind>().ok(), Some(BackendKind::Auto));
+        let err = "spdk".parse::<BackendKind>().expect_err("unknown name");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     }
 }

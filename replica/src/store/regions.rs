@@ -17,11 +17,17 @@
 //!
 //! # Commit points
 //!
-//! - Write-ahead: before the first write after a flush to region `r` is issued to the layer
-//!   file, the page holding `last_flush[r]` is written and fdatasync'ed. So a region whose
-//!   data may have changed on disk is always marked dirty on disk, whatever the crash. Writes
-//!   that need a page persisted at the same moment share one fdatasync (group commit); writes
-//!   to regions already dirty cost nothing.
+//! - Write-ahead: before a write tagged with flush number `t` is issued to the layer file,
+//!   `last_flush[r] >= t` must be on disk for every region it touches. If it is not, the
+//!   page holding `last_flush[r]` is set to `t + LOOKAHEAD`, written and fdatasync'ed first.
+//!   So a region whose data may have changed on disk is always marked dirty on disk, whatever
+//!   the crash. Writes that need a page persisted at the same moment share one fdatasync
+//!   (group commit); writes to regions already marked cost nothing.
+//! - The look-ahead: marking a region `LOOKAHEAD` flushes ahead means a database that
+//!   writes the same regions and flushes after every commit pays one extra fdatasync per
+//!   `LOOKAHEAD` flushes instead of one per flush. The price is that a region counts as
+//!   dirty (to be reconciled after a crash) for up to `LOOKAHEAD` flushes after its last
+//!   write: a few more regions to compare, never a missed one.
 //! - Flush: after every write tagged with a flush number ≤ F has completed and the layer
 //!   files were fdatasync'ed, the header slot with the lower `seq` is overwritten with
 //!   `flushed = F` and fdatasync'ed. `open` takes the valid slot with the higher `seq`, so a
@@ -43,6 +49,8 @@ const VERSION: u32 = 1;
 const PAGE: u64 = 4096;
 const PER_PAGE: u64 = PAGE / 8;
 const HEADER_PAGES: u64 = 2;
+/// How many flushes ahead a region is marked (see the module comment).
+pub const LOOKAHEAD: u64 = 16;
 /// Default region size.
 pub const DEFAULT_REGION_SIZE: u64 = 1 << 20;
 /// Regions are enlarged so that no volume has more than this many.
@@ -245,12 +253,13 @@ impl Regions {
         self.lock().flushed
     }
 
-    /// Regions written since the last flush.
+    /// Regions that may have been written since the last flush (a superset: see the
+    /// look-ahead in the module comment).
     pub fn dirty(&self) -> Vec<u64> {
         self.written_since(self.flushed())
     }
 
-    /// Regions whose latest write is covered by a flush numbered above `flush`.
+    /// Regions that may have been written after flush `flush` completed (a superset).
     pub fn written_since(&self, flush: u64) -> Vec<u64> {
         let st = self.lock();
         (0..st.last_flush.len() as u64)
@@ -270,7 +279,7 @@ impl Regions {
             let mut need = false;
             for r in first..=last.min(st.last_flush.len() as u64 - 1) {
                 if st.last_flush[r as usize] < tag {
-                    st.last_flush[r as usize] = tag;
+                    st.last_flush[r as usize] = tag + LOOKAHEAD;
                     st.unpersisted.insert(r / PER_PAGE);
                     need = true;
                 }
@@ -441,11 +450,18 @@ mod tests {
         let n = r.start_flush(0).await.expect("flush");
         assert_eq!(n, 1);
         r.complete_flush(n).await.expect("complete");
+        // Marked LOOKAHEAD flushes ahead: still possibly dirty until flush 1 + LOOKAHEAD.
+        assert_eq!(r.dirty(), vec![3, 9, 10]);
+        for _ in 0..LOOKAHEAD {
+            let n = r.start_flush(0).await.expect("flush");
+            r.complete_flush(n).await.expect("complete");
+        }
         assert!(r.dirty().is_empty());
         assert_eq!(r.written_since(0), vec![3, 9, 10]);
+        assert!(r.written_since(1 + LOOKAHEAD).is_empty());
         drop(r);
         let r = Regions::open(&path, size, DEFAULT_REGION_SIZE).expect("reopen");
-        assert_eq!(r.flushed(), 1);
+        assert_eq!(r.flushed(), 1 + LOOKAHEAD);
         assert!(r.dirty().is_empty());
         assert_eq!(r.written_since(0), vec![3, 9, 10]);
     }
@@ -467,6 +483,27 @@ mod tests {
         r.complete_flush(n).await.expect("complete");
         assert_eq!(r.dirty(), vec![0], "the later write keeps region 0 dirty");
         drop(later);
+    }
+
+    #[tokio::test]
+    async fn marks_are_persisted_once_per_lookahead_window() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(REGIONS);
+        let r = Regions::create(&path, 8 << 20, DEFAULT_REGION_SIZE).expect("create");
+        for _ in 0..LOOKAHEAD - 1 {
+            drop(r.begin_write(0..4096).await.expect("write"));
+            let n = r.start_flush(0).await.expect("flush");
+            r.complete_flush(n).await.expect("complete");
+        }
+        // The first write's mark (1 + LOOKAHEAD) still covers the write now in flight.
+        let ticket = r.begin_write(0..4096).await.expect("write");
+        assert!(r.lock().unpersisted.is_empty());
+        assert_eq!(r.lock().last_flush[0], 1 + LOOKAHEAD);
+        drop(ticket);
+        // Crash now: the mark on disk still covers the last write.
+        drop(r);
+        let r = Regions::open(&path, 8 << 20, DEFAULT_REGION_SIZE).expect("open");
+        assert_eq!(r.dirty(), vec![0]);
     }
 
     #[test]

@@ -1,0 +1,404 @@
+//! iSCSI PDU framing (RFC 7143 §11).
+//!
+//! Every PDU is a 48-byte Basic Header Segment (BHS), optional Additional Header Segments,
+//! an optional CRC32C header digest, a data segment padded to 4 bytes and an optional
+//! CRC32C data digest. [`PduReader`] reads from one growing [`BytesMut`] so that many small
+//! PDUs arrive with one `read` system call and a data segment is handed on as a zero-copy
+//! [`Bytes`] slice of the receive buffer. [`encode`] turns an outgoing PDU into a short list
+//! of buffers for a vectored write: header (+digest), the data segment itself (never
+//! copied), and padding (+digest).
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+pub const BHS_LEN: usize = 48;
+/// Tag value meaning "no tag" (ITT of unsolicited NOP-In, TTT when none is needed).
+pub const RESERVED_TAG: u32 = 0xffff_ffff;
+
+/// Opcodes (low 6 bits of byte 0).
+pub mod op {
+    pub const NOP_OUT: u8 = 0x00;
+    pub const SCSI_CMD: u8 = 0x01;
+    pub const TASK_MGMT: u8 = 0x02;
+    pub const LOGIN_REQ: u8 = 0x03;
+    pub const TEXT_REQ: u8 = 0x04;
+    pub const DATA_OUT: u8 = 0x05;
+    pub const LOGOUT_REQ: u8 = 0x06;
+    pub const SNACK: u8 = 0x10;
+    pub const NOP_IN: u8 = 0x20;
+    pub const SCSI_RESP: u8 = 0x21;
+    pub const TASK_MGMT_RESP: u8 = 0x22;
+    pub const LOGIN_RESP: u8 = 0x23;
+    pub const TEXT_RESP: u8 = 0x24;
+    pub const DATA_IN: u8 = 0x25;
+    pub const LOGOUT_RESP: u8 = 0x26;
+    pub const R2T: u8 = 0x31;
+    pub const REJECT: u8 = 0x3f;
+}
+
+/// Reject reasons (RFC 7143 §11.17.1).
+pub mod reject {
+    pub const DATA_DIGEST: u8 = 0x02;
+    pub const PROTOCOL_ERROR: u8 = 0x04;
+    pub const NOT_SUPPORTED: u8 = 0x05;
+    pub const INVALID_FIELD: u8 = 0x09;
+}
+
+/// Errors while reading a PDU. All of them end the connection except where the caller
+/// decides otherwise (a data digest error is reported, not returned, see [`ReadOutcome`]).
+#[derive(Debug, thiserror::Error)]
+pub enum PduError {
+    #[error("connection I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("connection closed in the middle of a PDU ({have} of {want} bytes)")]
+    Truncated { have: usize, want: usize },
+    #[error("header digest mismatch")]
+    HeaderDigest,
+    #[error("data segment of {len} bytes exceeds the negotiated {max}")]
+    DataTooLong {
+        len: usize,
+        max: usize,
+        bhs: Box<Bhs>,
+    },
+}
+
+/// The 48-byte Basic Header Segment with big-endian field accessors.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Bhs(pub [u8; BHS_LEN]);
+
+impl std::fmt::Debug for Bhs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Bhs(op={:#04x} flags={:#04x} itt={:#x} dlen={})",
+            self.opcode(),
+            self.flags(),
+            self.itt(),
+            self.data_len()
+        )
+    }
+}
+
+impl Bhs {
+    pub fn new(opcode: u8) -> Bhs {
+        let mut b = [0u8; BHS_LEN];
+        b[0] = opcode;
+        Bhs(b)
+    }
+    pub fn opcode(&self) -> u8 {
+        self.0[0] & 0x3f
+    }
+    pub fn immediate(&self) -> bool {
+        self.0[0] & 0x40 != 0
+    }
+    pub fn flags(&self) -> u8 {
+        self.0[1]
+    }
+    pub fn final_bit(&self) -> bool {
+        self.0[1] & 0x80 != 0
+    }
+    pub fn ahs_len(&self) -> usize {
+        usize::from(self.0[4]) * 4
+    }
+    pub fn data_len(&self) -> usize {
+        (usize::from(self.0[5]) << 16) | (usize::from(self.0[6]) << 8) | usize::from(self.0[7])
+    }
+    pub fn set_data_len(&mut self, len: usize) {
+        debug_assert!(len < 1 << 24);
+        self.0[5] = (len >> 16) as u8;
+        self.0[6] = (len >> 8) as u8;
+        self.0[7] = len as u8;
+    }
+    pub fn u32_at(&self, off: usize) -> u32 {
+        u32::from_be_bytes([
+            self.0[off],
+            self.0[off + 1],
+            self.0[off + 2],
+            self.0[off + 3],
+        ])
+    }
+    pub fn set_u32(&mut self, off: usize, v: u32) {
+        self.0[off..off + 4].copy_from_slice(&v.to_be_bytes());
+    }
+    pub fn lun(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.0[8..16]);
+        u64::from_be_bytes(b)
+    }
+    pub fn set_lun(&mut self, lun: u64) {
+        self.0[8..16].copy_from_slice(&lun.to_be_bytes());
+    }
+    pub fn itt(&self) -> u32 {
+        self.u32_at(16)
+    }
+    pub fn set_itt(&mut self, itt: u32) {
+        self.set_u32(16, itt)
+    }
+    /// CmdSN of initiator requests (bytes 24..28).
+    pub fn cmd_sn(&self) -> u32 {
+        self.u32_at(24)
+    }
+}
+
+/// A PDU received from the initiator. AHS are kept raw; we support none but must skip them.
+#[derive(Debug)]
+pub struct Pdu {
+    pub bhs: Bhs,
+    pub data: Bytes,
+}
+
+/// What one call to [`PduReader::read`] produced.
+#[derive(Debug)]
+pub enum ReadOutcome {
+    Pdu(Pdu),
+    /// The PDU was framed correctly but its data digest was wrong: the caller rejects it.
+    DataDigestError(Bhs),
+    /// Orderly end of stream at a PDU boundary.
+    Eof,
+}
+
+fn pad4(n: usize) -> usize {
+    (4 - n % 4) % 4
+}
+
+/// Reads PDUs from a byte stream.
+pub struct PduReader<R> {
+    inner: R,
+    buf: BytesMut,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    /// Largest data segment accepted (our MaxRecvDataSegmentLength, or a login limit).
+    pub max_data: usize,
+}
+
+const READ_CHUNK: usize = 64 * 1024;
+
+impl<R: AsyncRead + Unpin> PduReader<R> {
+    pub fn new(inner: R, max_data: usize) -> PduReader<R> {
+        PduReader {
+            inner,
+            buf: BytesMut::with_capacity(READ_CHUNK),
+            header_digest: false,
+            data_digest: false,
+            max_data,
+        }
+    }
+
+    /// Makes sure at least `want` bytes are buffered. Returns false on EOF with nothing read.
+    async fn fill(&mut self, want: usize) -> Result<bool, PduError> {
+        while self.buf.len() < want {
+            let spare = want - self.buf.len();
+            self.buf.reserve(spare.max(READ_CHUNK));
+            let n = self.inner.read_buf(&mut self.buf).await?;
+            if n == 0 {
+                if self.buf.is_empty() {
+                    return Ok(false);
+                }
+                return Err(PduError::Truncated {
+                    have: self.buf.len(),
+                    want,
+                });
+            }
+        }
+        Ok(true)
+    }
+
+    pub async fn read(&mut self) -> Result<ReadOutcome, PduError> {
+        if !self.fill(BHS_LEN).await? {
+            return Ok(ReadOutcome::Eof);
+        }
+        let mut bhs = Bhs([0; BHS_LEN]);
+        bhs.0.copy_from_slice(&self.buf[..BHS_LEN]);
+        let dlen = bhs.data_len();
+        if dlen > self.max_data {
+            return Err(PduError::DataTooLong {
+                len: dlen,
+                max: self.max_data,
+                bhs: Box::new(bhs),
+            });
+        }
+        let hdr_end = BHS_LEN + bhs.ahs_len();
+        let hd = if self.header_digest { 4 } else { 0 };
+        let dd = if self.data_digest && dlen > 0 { 4 } else { 0 };
+        let data_start = hdr_end + hd;
+        let total = data_start + dlen + pad4(dlen) + dd;
+        if !self.fill(total).await? {
+            return Err(PduError::Truncated {
+                have: 0,
+                want: total,
+            });
+        }
+        let frame = self.buf.split_to(total).freeze();
+        if hd == 4 {
+            let want = u32::from_le_bytes([
+                frame[hdr_end],
+                frame[hdr_end + 1],
+                frame[hdr_end + 2],
+                frame[hdr_end + 3],
+            ]);
+            if crc32c::crc32c(&frame[..hdr_end]) != want {
+                return Err(PduError::HeaderDigest);
+            }
+        }
+        if dd == 4 {
+            let padded_end = data_start + dlen + pad4(dlen);
+            let got = &frame[padded_end..padded_end + 4];
+            let want = u32::from_le_bytes([got[0], got[1], got[2], got[3]]);
+            if crc32c::crc32c(&frame[data_start..padded_end]) != want {
+                return Ok(ReadOutcome::DataDigestError(bhs));
+            }
+        }
+        let data = frame.slice(data_start..data_start + dlen);
+        Ok(ReadOutcome::Pdu(Pdu { bhs, data }))
+    }
+
+    pub fn into_inner(self) -> (R, BytesMut) {
+        (self.inner, self.buf)
+    }
+}
+
+/// Appends the wire form of one PDU to `out`: small parts are copied into `scratch` (and
+/// split off), the data segment is referenced as is.
+pub fn encode(
+    bhs: &Bhs,
+    data: &Bytes,
+    header_digest: bool,
+    data_digest: bool,
+    scratch: &mut BytesMut,
+    out: &mut Vec<Bytes>,
+) {
+    scratch.extend_from_slice(&bhs.0);
+    if header_digest {
+        scratch.extend_from_slice(&crc32c::crc32c(&bhs.0).to_le_bytes());
+    }
+    if data.is_empty() {
+        out.push(scratch.split().freeze());
+        return;
+    }
+    let pad = pad4(data.len());
+    // Small segments are cheaper to copy than to give their own iovec.
+    let inline = data.len() <= 512;
+    if inline {
+        scratch.extend_from_slice(data);
+    } else {
+        out.push(scratch.split().freeze());
+        out.push(data.clone());
+    }
+    scratch.extend_from_slice(&[0u8; 3][..pad]);
+    if data_digest {
+        let crc = crc32c::crc32c_append(crc32c::crc32c(data), &[0u8; 3][..pad]);
+        scratch.extend_from_slice(&crc.to_le_bytes());
+    }
+    if !scratch.is_empty() {
+        out.push(scratch.split().freeze());
+    }
+}
+
+/// Writes all buffers with vectored writes, at most 64 iovecs per system call.
+pub async fn write_all_bufs<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bufs: &mut Vec<Bytes>,
+) -> std::io::Result<()> {
+    use bytes::Buf;
+    let mut start = 0;
+    while start < bufs.len() {
+        let mut slices = [std::io::IoSlice::new(&[]); 64];
+        let mut n = 0;
+        for b in bufs[start..].iter().take(64) {
+            slices[n] = std::io::IoSlice::new(b);
+            n += 1;
+        }
+        let mut written = w.write_vectored(&slices[..n]).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while written > 0 {
+            let first = &mut bufs[start];
+            if written >= first.len() {
+                written -= first.len();
+                start += 1;
+            } else {
+                first.advance(written);
+                written = 0;
+            }
+        }
+    }
+    bufs.clear();
+    w.flush().await
+}
+
+/// Encodes and writes a single PDU (used during login, before the writer task exists).
+pub async fn write_pdu<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bhs: &Bhs,
+    data: &Bytes,
+    header_digest: bool,
+    data_digest: bool,
+) -> std::io::Result<()> {
+    let mut scratch = BytesMut::new();
+    let mut out = Vec::with_capacity(3);
+    encode(
+        bhs,
+        data,
+        header_digest,
+        data_digest,
+        &mut scratch,
+        &mut out,
+    );
+    write_all_bufs(w, &mut out).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn roundtrip_with_digests_and_padding() {
+        let mut bhs = Bhs::new(op::SCSI_CMD);
+        bhs.set_itt(7);
+        let data = Bytes::from(vec![0xabu8; 1001]);
+        bhs.set_data_len(data.len());
+        let mut wire = Vec::new();
+        write_pdu(&mut wire, &bhs, &data, true, true)
+            .await
+            .expect("write");
+        assert_eq!(wire.len(), 48 + 4 + 1001 + 3 + 4);
+        let mut r = PduReader::new(&wire[..], 8192);
+        r.header_digest = true;
+        r.data_digest = true;
+        match r.read().await.expect("read") {
+            ReadOutcome::Pdu(p) => {
+                assert_eq!(p.bhs.itt(), 7);
+                assert_eq!(p.data, data);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(matches!(r.read().await.expect("eof"), ReadOutcome::Eof));
+    }
+
+    #[tokio::test]
+    async fn corrupt_data_digest_is_reported_not_fatal() {
+        let mut bhs = Bhs::new(op::NOP_OUT);
+        let data = Bytes::from_static(b"ping");
+        bhs.set_data_len(4);
+        let mut wire = Vec::new();
+        write_pdu(&mut wire, &bhs, &data, false, true)
+            .await
+            .expect("write");
+        let n = wire.len();
+        wire[n - 1] ^= 1;
+        let mut r = PduReader::new(&wire[..], 8192);
+        r.data_digest = true;
+        assert!(matches!(
+            r.read().await.expect("read"),
+            ReadOutcome::DataDigestError(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn truncated_header_is_an_error() {
+        let wire = [0u8; 20];
+        let mut r = PduReader::new(&wire[..], 8192);
+        assert!(matches!(r.read().await, Err(PduError::Truncated { .. })));
+    }
+}

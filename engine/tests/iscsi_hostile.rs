@@ -1,0 +1,382 @@
+//! Hostile and broken initiators against an in-process iSCSI target over real loopback TCP.
+//! Each test speaks raw PDUs so it can send exactly the malformed thing it is about.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use zebu_engine::blockdev::MemDevice;
+use zebu_engine::iscsi::{Chap, IscsiConfig, IscsiServer, chap};
+
+const IQN: &str = "iqn.2025-01.io.zebu:vol";
+const LUN1: [u8; 8] = [0, 1, 0, 0, 0, 0, 0, 0];
+
+async fn start(ip: &str, chap: Option<Chap>) -> (SocketAddr, oneshot::Sender<()>) {
+    let mut cfg = IscsiConfig::new(format!("{ip}:0").parse().expect("addr"), "vol");
+    cfg.chap = chap;
+    let server = IscsiServer::bind(cfg, Arc::new(MemDevice::new(8 << 20)))
+        .await
+        .expect("bind");
+    let addr = server.local_addr();
+    let (tx, rx) = oneshot::channel::<()>();
+    tokio::spawn(server.serve(async {
+        let _ = rx.await;
+    }));
+    (addr, tx)
+}
+
+struct Pdu {
+    bhs: [u8; 48],
+    data: Vec<u8>,
+}
+
+impl Pdu {
+    fn u32_at(&self, off: usize) -> u32 {
+        u32::from_be_bytes(self.bhs[off..off + 4].try_into().expect("4 bytes"))
+    }
+    fn opcode(&self) -> u8 {
+        self.bhs[0] & 0x3f
+    }
+}
+
+struct Client {
+    s: TcpStream,
+    cmd_sn: u32,
+    itt: u32,
+}
+
+fn bhs(opcode: u8, flags: u8) -> [u8; 48] {
+    let mut b = [0u8; 48];
+    b[0] = opcode;
+    b[1] = flags;
+    b
+}
+
+fn put32(b: &mut [u8; 48], off: usize, v: u32) {
+    b[off..off + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+fn keys(kv: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (k, v) in kv {
+        out.extend_from_slice(format!("{k}={v}").as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+fn parse_keys(d: &[u8]) -> Vec<(String, String)> {
+    d.split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| {
+            let s = String::from_utf8_lossy(s).to_string();
+            s.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+impl Client {
+    async fn connect(addr: SocketAddr) -> Client {
+        Client {
+            s: TcpStream::connect(addr).await.expect("connect"),
+            cmd_sn: 1,
+            itt: 1,
+        }
+    }
+
+    async fn send(&mut self, mut b: [u8; 48], data: &[u8]) {
+        let len = data.len();
+        b[5] = (len >> 16) as u8;
+        b[6] = (len >> 8) as u8;
+        b[7] = len as u8;
+        let mut wire = b.to_vec();
+        wire.extend_from_slice(data);
+        wire.resize(48 + len.div_ceil(4) * 4, 0);
+        self.s.write_all(&wire).await.expect("send");
+    }
+
+    /// Reads one PDU; None on EOF or after `wait` without one.
+    async fn recv_within(&mut self, wait: Duration) -> Option<Pdu> {
+        let mut b = [0u8; 48];
+        match tokio::time::timeout(wait, self.s.read_exact(&mut b)).await {
+            Ok(Ok(_)) => {}
+            _ => return None,
+        }
+        let len = (usize::from(b[5]) << 16) | (usize::from(b[6]) << 8) | usize::from(b[7]);
+        let mut data = vec![0u8; len.div_ceil(4) * 4];
+        self.s.read_exact(&mut data).await.expect("data segment");
+        data.truncate(len);
+        Some(Pdu { bhs: b, data })
+    }
+
+    async fn recv(&mut self) -> Pdu {
+        self.recv_within(Duration::from_secs(5))
+            .await
+            .expect("a PDU from the target")
+    }
+
+    async fn login_pdu(&mut self, flags: u8, kv: &[(&str, &str)]) -> Pdu {
+        let mut b = bhs(0x43, flags);
+        b[8..14].copy_from_slice(&[0x80, 0, 0, 0x12, 0x34, 0x56]);
+        put32(&mut b, 16, self.itt);
+        put32(&mut b, 24, self.cmd_sn);
+        self.send(b, &keys(kv)).await;
+        self.recv().await
+    }
+
+    /// Logs in without authentication straight to the full feature phase.
+    async fn login(addr: SocketAddr) -> Client {
+        let mut c = Client::connect(addr).await;
+        let r = c
+            .login_pdu(
+                0x83, // T, CSG=0, NSG=3
+                &[
+                    ("InitiatorName", "iqn.2025-01.test:hostile"),
+                    ("TargetName", IQN),
+                    ("SessionType", "Normal"),
+                    ("AuthMethod", "None"),
+                ],
+            )
+            .await;
+        assert_eq!(r.opcode(), 0x23);
+        assert_eq!(&r.bhs[36..38], &[0, 0], "login status");
+        assert_eq!(r.bhs[1] & 0x83, 0x83, "transit to full feature phase");
+        c
+    }
+
+    fn next_itt(&mut self) -> u32 {
+        self.itt += 1;
+        self.itt
+    }
+
+    async fn nop(&mut self) -> Pdu {
+        let mut b = bhs(0x00, 0x80);
+        let itt = self.next_itt();
+        put32(&mut b, 16, itt);
+        put32(&mut b, 20, 0xffff_ffff);
+        put32(&mut b, 24, self.cmd_sn);
+        self.cmd_sn += 1;
+        self.send(b, b"ping").await;
+        let r = self.recv().await;
+        assert_eq!(r.opcode(), 0x20, "NOP-In");
+        assert_eq!(r.u32_at(16), itt);
+        assert_eq!(r.data, b"ping");
+        r
+    }
+
+    /// Sends a SCSI command with immediate data and returns (Data-In bytes, status).
+    async fn scsi(&mut self, cdb: &[u8], read_len: u32, write: &[u8]) -> (Vec<u8>, u8) {
+        let flags =
+            0x80 | if read_len > 0 { 0x40 } else { 0 } | if write.is_empty() { 0 } else { 0x20 };
+        let mut b = bhs(0x01, flags);
+        b[8..16].copy_from_slice(&LUN1);
+        let itt = self.next_itt();
+        put32(&mut b, 16, itt);
+        put32(&mut b, 20, read_len.max(write.len() as u32));
+        put32(&mut b, 24, self.cmd_sn);
+        self.cmd_sn += 1;
+        b[32..32 + cdb.len()].copy_from_slice(cdb);
+        self.send(b, write).await;
+        let mut data = Vec::new();
+        loop {
+            let r = self.recv().await;
+            assert_eq!(r.u32_at(16), itt);
+            match r.opcode() {
+                0x25 => {
+                    data.extend_from_slice(&r.data);
+                    if r.bhs[1] & 0x01 != 0 {
+                        return (data, r.bhs[3]);
+                    }
+                }
+                0x21 => return (data, r.bhs[3]),
+                op => panic!("unexpected opcode {op:#x}"),
+            }
+        }
+    }
+}
+
+fn rw10(op: u8, lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = vec![op, 0];
+    c.extend_from_slice(&lba.to_be_bytes());
+    c.push(0);
+    c.extend_from_slice(&blocks.to_be_bytes());
+    c.push(0);
+    c
+}
+
+#[tokio::test]
+async fn write_then_read_returns_the_same_bytes() {
+    let (addr, _stop) = start("127.0.0.21", None).await;
+    let mut c = Client::login(addr).await;
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    let (_, st) = c.scsi(&rw10(0x2a, 10, 8), 0, &pattern).await;
+    assert_eq!(st, 0);
+    let (data, st) = c.scsi(&rw10(0x28, 10, 8), 4096, &[]).await;
+    assert_eq!(st, 0);
+    assert_eq!(data, pattern);
+}
+
+#[tokio::test]
+async fn unknown_opcode_is_rejected_and_the_connection_keeps_working() {
+    let (addr, _stop) = start("127.0.0.22", None).await;
+    let mut c = Client::login(addr).await;
+    let mut b = bhs(0x1f, 0x80);
+    put32(&mut b, 16, 77);
+    c.send(b, &[]).await;
+    let r = c.recv().await;
+    assert_eq!(r.opcode(), 0x3f, "Reject");
+    assert_eq!(r.bhs[2], 0x05, "reason: command not supported");
+    assert_eq!(r.data.len(), 48);
+    assert_eq!(r.data[0] & 0x3f, 0x1f, "the rejected header is echoed");
+    c.nop().await;
+}
+
+#[tokio::test]
+async fn truncated_header_closes_only_that_connection() {
+    let (addr, _stop) = start("127.0.0.23", None).await;
+    let mut bad = Client::login(addr).await;
+    bad.s
+        .write_all(&[0x01, 0x80, 0, 0, 0, 0, 0, 0, 0, 1])
+        .await
+        .expect("partial");
+    bad.s.shutdown().await.expect("half close");
+    assert!(
+        bad.recv_within(Duration::from_secs(5)).await.is_none(),
+        "closed"
+    );
+    let mut good = Client::login(addr).await;
+    good.nop().await;
+}
+
+#[tokio::test]
+async fn data_segment_longer_than_negotiated_is_rejected_and_closed() {
+    let (addr, _stop) = start("127.0.0.24", None).await;
+    let mut c = Client::login(addr).await;
+    let mut b = bhs(0x00, 0x80);
+    put32(&mut b, 16, 5);
+    put32(&mut b, 24, c.cmd_sn);
+    let len = zebu_engine::iscsi::login::TARGET_MRDSL as usize + 4;
+    b[5] = (len >> 16) as u8;
+    b[6] = (len >> 8) as u8;
+    b[7] = len as u8;
+    c.s.write_all(&b).await.expect("header");
+    let r = c.recv().await;
+    assert_eq!(r.opcode(), 0x3f, "Reject");
+    assert_eq!(r.bhs[2], 0x04, "protocol error");
+    assert!(
+        c.recv_within(Duration::from_secs(5)).await.is_none(),
+        "then closed"
+    );
+    Client::login(addr).await.nop().await;
+}
+
+#[tokio::test]
+async fn command_outside_cmdsn_window_is_ignored() {
+    let (addr, _stop) = start("127.0.0.25", None).await;
+    let mut c = Client::login(addr).await;
+    let before = c.nop().await;
+    let exp = before.u32_at(28);
+    let max = before.u32_at(32);
+    assert_eq!(exp, c.cmd_sn);
+    // TEST UNIT READY far beyond MaxCmdSN: must be dropped without a response.
+    let mut b = bhs(0x01, 0x80);
+    b[8..16].copy_from_slice(&LUN1);
+    put32(&mut b, 16, 999);
+    put32(&mut b, 24, max.wrapping_add(100));
+    c.send(b, &[]).await;
+    // And one already used (too low).
+    put32(&mut b, 16, 998);
+    put32(&mut b, 24, exp.wrapping_sub(1));
+    c.send(b, &[]).await;
+    assert!(c.recv_within(Duration::from_millis(300)).await.is_none());
+    let after = c.nop().await;
+    assert_eq!(after.u32_at(28), exp + 1, "only the NOP consumed a CmdSN");
+}
+
+#[tokio::test]
+async fn wrong_chap_secret_fails_login_with_0201() {
+    let chap_cfg = Chap {
+        user: "alice".into(),
+        secret: "correct-horse-1".into(),
+        mutual: None,
+    };
+    let (addr, _stop) = start("127.0.0.26", Some(chap_cfg)).await;
+    for (secret, ok) in [("wrong-secret-12", false), ("correct-horse-1", true)] {
+        let mut c = Client::connect(addr).await;
+        let r = c
+            .login_pdu(
+                0x01, // CSG=0, NSG=1, no transit yet
+                &[
+                    ("InitiatorName", "iqn.2025-01.test:chap"),
+                    ("TargetName", IQN),
+                    ("SessionType", "Normal"),
+                    ("AuthMethod", "CHAP,None"),
+                ],
+            )
+            .await;
+        assert!(parse_keys(&r.data).contains(&("AuthMethod".into(), "CHAP".into())));
+        let r = c.login_pdu(0x01, &[("CHAP_A", "5")]).await;
+        let k = parse_keys(&r.data);
+        let get = |n: &str| {
+            k.iter()
+                .find(|(x, _)| x == n)
+                .map(|(_, v)| v.clone())
+                .expect(n)
+        };
+        let id: u8 = get("CHAP_I").parse().expect("id");
+        let challenge = chap::decode_binary(&get("CHAP_C")).expect("challenge");
+        let resp = chap::response(id, secret.as_bytes(), &challenge);
+        let r = c
+            .login_pdu(
+                0x81,
+                &[("CHAP_N", "alice"), ("CHAP_R", &chap::to_hex(&resp))],
+            )
+            .await;
+        let status = u16::from_be_bytes([r.bhs[36], r.bhs[37]]);
+        if ok {
+            assert_eq!(status, 0);
+            assert_eq!(r.bhs[1] & 0x80, 0x80, "transit allowed after CHAP");
+        } else {
+            assert_eq!(status, 0x0201);
+            assert!(
+                c.recv_within(Duration::from_secs(5)).await.is_none(),
+                "closed"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn connection_dropped_mid_write_leaves_other_sessions_unaffected() {
+    let (addr, _stop) = start("127.0.0.27", None).await;
+    let mut other = Client::login(addr).await;
+    let mut victim = Client::login(addr).await;
+    // WRITE(10) of 8 blocks with only one block of immediate data; the rest would follow
+    // after an R2T, but the initiator vanishes.
+    let mut b = bhs(0x01, 0xa0);
+    b[8..16].copy_from_slice(&LUN1);
+    put32(&mut b, 16, 42);
+    put32(&mut b, 20, 4096);
+    put32(&mut b, 24, victim.cmd_sn);
+    b[32..42].copy_from_slice(&rw10(0x2a, 0, 8));
+    victim.send(b, &[0xee; 512]).await;
+    let r2t = victim.recv().await;
+    assert_eq!(r2t.opcode(), 0x31, "R2T for the rest");
+    assert_eq!(
+        r2t.u32_at(40),
+        512,
+        "buffer offset after the immediate data"
+    );
+    assert_eq!(r2t.u32_at(44), 4096 - 512);
+    drop(victim);
+    let pattern = vec![0x5au8; 4096];
+    let (_, st) = other.scsi(&rw10(0x2a, 0, 8), 0, &pattern).await;
+    assert_eq!(st, 0);
+    let (data, _) = other.scsi(&rw10(0x28, 0, 8), 4096, &[]).await;
+    assert_eq!(data, pattern, "the abandoned write did not land");
+    Client::login(addr).await.nop().await;
+}
