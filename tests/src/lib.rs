@@ -16,6 +16,7 @@
 //! `listening on ADDR` line to learn the port, so there is no race for free ports. Its
 //! stderr goes to `<dir>.log` (printed by [`ReplicaProcess::log`]). The child is killed
 //! (SIGKILL) and reaped when the handle drops, so a failing test leaks no process.
+//! `ZEBU_REPLICA_IO=threads` (or `uring`) passes `--io` to every server the tests start.
 //!
 //! # Clients
 //!
@@ -127,6 +128,11 @@ impl ReplicaProcess {
             .append(true)
             .open(&log)
             .with_context(|| format!("creating {}", log.display()))?;
+        // ZEBU_REPLICA_IO=threads|uring runs every test on one I/O back end.
+        let io: Vec<String> = match std::env::var("ZEBU_REPLICA_IO") {
+            Ok(kind) => vec!["--io".into(), kind],
+            Err(_) => Vec::new(),
+        };
         let mut child = Command::new(bin_path("zebu-replica"))
             .arg("serve")
             .arg("--dir")
@@ -135,6 +141,7 @@ impl ReplicaProcess {
             .arg(format!("{ip}:0"))
             .arg("--size")
             .arg(size.to_string())
+            .args(io)
             .args(extra)
             .env(
                 "RUST_LOG",
