@@ -1,2 +1,326 @@
 //! `zebu-replica`: serve one replica directory over gRPC, or print its info.
-fn main() {}
+//!
+//! ```text
+//! zebu-replica serve --dir /var/lib/zebu/r1 --listen 127.0.0.1:9500 --size 10G
+//! zebu-replica info --dir /var/lib/zebu/r1 --json
+//! ```
+//!
+//! `serve` creates the replica when the directory is missing or empty, prints exactly one
+//! line `listening on ADDR` (the bound address, so `--listen 127.0.0.1:0` works) to stdout
+//! once the socket is bound, and closes the replica cleanly on SIGTERM or SIGINT. Failures
+//! are reported as one line on stderr and a non-zero exit. Logs go to stderr, filtered by
+//! `RUST_LOG` (default `info`).
+
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_stream::wrappers::TcpListenerStream;
+use tracing::{info, warn};
+use zebu_replica::io::{BackendKind, IoEngine};
+use zebu_replica::server::ReplicaServer;
+use zebu_replica::{Replica, ReplicaInfo};
+
+/// How long open connections may hold back the exit after SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Parser)]
+#[command(name = "zebu-replica", version, about = "One copy of a Zebu volume")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the replica in DIR over gRPC (creating it when DIR is missing or empty).
+    Serve {
+        #[arg(long)]
+        dir: PathBuf,
+        /// Address to listen on, e.g. 127.0.0.1:9500 (port 0 picks a free port).
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Volume size: bytes, or with a binary unit K, M, G, T, P (e.g. 10G).
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        /// File I/O back end.
+        #[arg(long, value_enum, default_value_t = IoArg::Auto)]
+        io: IoArg,
+    },
+    /// Print a replica's size, layer chain, generation, epoch and flush number.
+    Info {
+        #[arg(long)]
+        dir: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum IoArg {
+    Auto,
+    Uring,
+    Threads,
+}
+
+impl From<IoArg> for BackendKind {
+    fn from(a: IoArg) -> BackendKind {
+        match a {
+            IoArg::Auto => BackendKind::Auto,
+            IoArg::Uring => BackendKind::Uring,
+            IoArg::Threads => BackendKind::Threads,
+        }
+    }
+}
+
+/// Parses `4096`, `512M`, `10G`, `1T`, `2GiB`: binary units, case-insensitive.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let fail = |why: &str| format!("invalid size '{s}': {why}");
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    if num.is_empty() {
+        return Err(fail(
+            "expected a number, optionally followed by K, M, G, T or P",
+        ));
+    }
+    let n: u64 = num.parse().map_err(|_| fail("number too large"))?;
+    let unit = unit.trim().to_ascii_uppercase();
+    let unit = unit
+        .strip_suffix("IB")
+        .or_else(|| unit.strip_suffix('B'))
+        .unwrap_or(&unit);
+    let shift = match unit {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        "P" => 50,
+        _ => {
+            return Err(fail(&format!(
+                "unknown unit '{unit}' (use K, M, G, T or P)"
+            )));
+        }
+    };
+    let size = n
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| fail("larger than 2^64 bytes"))?;
+    if size == 0 {
+        return Err(fail("a volume cannot be empty"));
+    }
+    Ok(size)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // `info` prints a report: only problems belong next to it by default.
+    let default_filter = match cli.command {
+        Command::Serve { .. } => "info",
+        Command::Info { .. } => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
+        )
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("zebu-replica: cannot start the tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve {
+                dir,
+                listen,
+                size,
+                io,
+            } => serve(&dir, listen, size, io.into()).await,
+            Command::Info { dir, json } => print_info(&dir, json).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: scripts and tests show it as is.
+            let msg = format!("{e:#}").replace('\n', " ");
+            eprintln!("zebu-replica: error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(dir: &Path, listen: SocketAddr, size: u64, io: BackendKind) -> anyhow::Result<()> {
+    let io = IoEngine::new(io).context("cannot start the I/O engine")?;
+    info!(backend = %io.backend(), "I/O engine ready");
+    let replica = Replica::open_or_create(dir, size, io.clone())
+        .await
+        .context("cannot open the replica")?;
+    let server = ReplicaServer::new(dir, io, replica);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let bound = listener
+        .local_addr()
+        .context("cannot read the bound address")?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on {bound}").context("stdout")?;
+        out.flush().context("stdout")?;
+    }
+    info!(%bound, dir = %dir.display(), "serving");
+
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let closer = server.clone();
+    let on_signal = tokio::spawn(async move {
+        tokio::select! {
+            _ = sigterm.recv() => info!("SIGTERM: closing"),
+            _ = sigint.recv() => info!("SIGINT: closing"),
+        }
+        // Closing first ends every data stream, so the graceful shutdown can finish.
+        let closed = closer.close().await;
+        let _ = stop_tx.send(true);
+        closed
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let serving = tonic::transport::Server::builder()
+        .add_service(server.clone().into_service())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(stop_rx.clone()));
+    let served = tokio::select! {
+        r = serving => r.context("gRPC server failed"),
+        _ = async {
+            stopped(stop_rx).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            warn!("clients still connected {SHUTDOWN_GRACE:?} after the shutdown; stopping anyway");
+            Ok(())
+        }
+    };
+    if on_signal.is_finished() {
+        on_signal
+            .await
+            .context("signal task")?
+            .context("closing the replica")?;
+    }
+    served?;
+    server.close().await.context("closing the replica")?;
+    info!("stopped");
+    Ok(())
+}
+
+#[derive(serde::Serialize)]
+struct LayerOut<'a> {
+    id: u64,
+    name: &'a str,
+    parent: u64,
+    head: bool,
+    user_created: bool,
+    data_bytes: u64,
+    created: &'a str,
+    size: u64,
+}
+
+async fn print_info(dir: &Path, json: bool) -> anyhow::Result<()> {
+    let io = IoEngine::new(BackendKind::Threads).context("cannot start the I/O engine")?;
+    let replica = Replica::open(dir, io)
+        .await
+        .context("cannot open the replica")?;
+    let info = replica.info();
+    replica.close().await.context("closing the replica")?;
+    let text = if json {
+        info_json(&info)?
+    } else {
+        info_text(&info)
+    };
+    println!("{text}");
+    Ok(())
+}
+
+fn info_json(info: &ReplicaInfo) -> anyhow::Result<String> {
+    let layers: Vec<LayerOut<'_>> = info
+        .layers
+        .iter()
+        .map(|l| LayerOut {
+            id: l.id,
+            name: &l.name,
+            parent: l.parent,
+            head: l.head,
+            user_created: l.user_created,
+            data_bytes: l.data_bytes,
+            created: &l.created,
+            size: l.size,
+        })
+        .collect();
+    let v = serde_json::json!({
+        "replica_id": info.replica_id,
+        "size": info.size,
+        "generation": info.generation,
+        "epoch": info.epoch,
+        "epoch_members": info.epoch_members,
+        "flush_number": info.flush_number,
+        "layers": layers,
+        "dirty_regions": info.dirty_regions.len(),
+    });
+    serde_json::to_string_pretty(&v).context("encoding JSON")
+}
+
+fn info_text(info: &ReplicaInfo) -> String {
+    let mut s = format!(
+        "replica     {}\nsize        {} bytes\ngeneration  {}\nepoch       {} (members: {})\n\
+         flush       {}\nlayers (oldest first):\n",
+        info.replica_id,
+        info.size,
+        info.generation,
+        info.epoch,
+        info.epoch_members.join(", "),
+        info.flush_number,
+    );
+    for l in &info.layers {
+        let name = if l.head { "(head)" } else { l.name.as_str() };
+        s.push_str(&format!(
+            "  {name:<24} id {:<4} parent {:<4} {:>14} data bytes{}\n",
+            l.id,
+            l.parent,
+            l.data_bytes,
+            if l.user_created { "  user" } else { "" }
+        ));
+    }
+    s.pop();
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("10G"), Ok(10 << 30));
+        assert_eq!(parse_size("1t"), Ok(1 << 40));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        let e = parse_size("10Q").unwrap_err();
+        assert!(e.starts_with("invalid size '10Q': unknown unit 'Q'"), "{e}");
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("99999999P").is_err());
+        assert!(parse_size("").is_err());
+    }
+}

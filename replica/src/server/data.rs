@@ -1,0 +1,313 @@
+//! The data stream: hello and fencing, then requests executed concurrently.
+//!
+//! ```text
+//!   client ──hello(g)──►  accept_generation(g) under the write guard
+//!          ◄──id 0 OK──   (or the stream ends: FAILED_PRECONDITION / UNAVAILABLE)
+//!   client ──req id n──►  reader loop ── permit (≤ MAX_IN_FLIGHT) ── spawn ──► store
+//!          ◄──resp id n── ◄────────────── mpsc ◄──────────────────────────────┘
+//! ```
+//!
+//! The reader loop also watches the fence; when a higher generation is accepted or the
+//! replica closes, it stops reading and ends the stream with an error status once the
+//! requests already running have answered. A bad request is answered with a non-OK
+//! [`DataStatus`]; only a broken transport (or an oversized message, which the transport
+//! cannot skip) ends the stream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Status, Streaming};
+use tracing::{Instrument, debug, info, info_span, warn};
+use zebu_proto::replica as pb;
+use zebu_proto::replica::data_request::Op;
+
+use super::convert::{DataStatus, data_status_of};
+use super::{Fence, MAX_BYTES_IN_FLIGHT, MAX_IN_FLIGHT, MAX_IO_BYTES, MAX_MESSAGE_BYTES, Shared};
+
+/// How long a new stream may take to send its hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
+
+type Tx = mpsc::Sender<Result<pb::DataResponse, Status>>;
+
+/// Starts serving one data stream; the returned stream is the response half.
+pub(super) fn start(
+    shared: Arc<Shared>,
+    inbound: Streaming<pb::DataRequest>,
+) -> ReceiverStream<Result<pb::DataResponse, Status>> {
+    // Room for every request in flight plus the hello and a final error.
+    let (tx, rx) = mpsc::channel(MAX_IN_FLIGHT + 2);
+    let span = info_span!(parent: &shared.span, "data", generation = tracing::field::Empty);
+    tokio::spawn(run(shared, inbound, tx).instrument(span));
+    ReceiverStream::new(rx)
+}
+
+async fn run(shared: Arc<Shared>, mut inbound: Streaming<pb::DataRequest>, tx: Tx) {
+    let (generation, closes) = match hello(&shared, &mut inbound).await {
+        Ok(accepted) => accepted,
+        Err(status) => {
+            info!(code = ?status.code(), "data stream refused: {}", status.message());
+            let _ = tx.send(Err(status)).await;
+            return;
+        }
+    };
+    tracing::Span::current().record("generation", generation);
+    info!("data stream accepted");
+    if tx.send(Ok(ok(0))).await.is_err() {
+        return;
+    }
+
+    let mut fence = shared.fence.subscribe();
+    let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let byte_budget = Arc::new(Semaphore::new(BUDGET_UNITS as usize));
+    let end: Option<Status> = loop {
+        if let Some(why) = fenced(*fence.borrow_and_update(), generation, closes) {
+            break Some(why);
+        }
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p.expect("invariant: the semaphore is never closed"),
+            _ = fence.changed() => continue,
+        };
+        tokio::select! {
+            msg = inbound.message() => match msg {
+                Ok(Some(req)) => {
+                    // Requests in flight finish on their own, so this wait always ends.
+                    let bytes = byte_budget
+                        .clone()
+                        .acquire_many_owned(budget_units(&req))
+                        .await
+                        .expect("invariant: the semaphore is never closed");
+                    let permit = (permit, bytes);
+                    let task = execute(shared.clone(), generation, closes, req, tx.clone(), permit);
+                    tokio::spawn(task.in_current_span());
+                }
+                Ok(None) => break None,
+                Err(status) => break Some(transport_error(status)),
+            },
+            _ = fence.changed() => continue,
+        }
+    };
+    // Answer the requests still running before the final status, so no answer is lost.
+    let _ = permits.acquire_many(MAX_IN_FLIGHT as u32).await;
+    match end {
+        Some(status) => {
+            info!(code = ?status.code(), "data stream ended: {}", status.message());
+            let _ = tx.send(Err(status)).await;
+        }
+        None => info!("data stream closed by the client"),
+    }
+}
+
+/// Reads the hello and accepts its generation; returns it with the close count it saw.
+async fn hello(
+    shared: &Shared,
+    inbound: &mut Streaming<pb::DataRequest>,
+) -> Result<(u64, u64), Status> {
+    let first = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
+        Err(_) => return Err(Status::deadline_exceeded("no hello within 30 s")),
+        Ok(Err(status)) => return Err(transport_error(status)),
+        Ok(Ok(None)) => return Err(Status::invalid_argument("stream ended before the hello")),
+        Ok(Ok(Some(req))) => req,
+    };
+    let Some(Op::Hello(hello)) = first.op else {
+        return Err(Status::invalid_argument(
+            "the first message of a data stream must be a hello",
+        ));
+    };
+    if hello.protocol_version != pb::PROTOCOL_VERSION {
+        return Err(Status::failed_precondition(format!(
+            "protocol version {} is not supported; this replica speaks version {}",
+            hello.protocol_version,
+            pb::PROTOCOL_VERSION
+        )));
+    }
+    let g = hello.generation;
+    {
+        // Another stream of the accepted generation (engines may open several): nothing to
+        // persist or fence, so don't hold back the I/O in flight with the write guard.
+        let state = shared.state.read().await;
+        if state.replica.is_some() && g == state.generation {
+            return Ok((g, state.closes));
+        }
+    }
+    let mut state = shared.state.write().await;
+    let Some(replica) = state.replica.clone() else {
+        return Err(Status::unavailable("the replica is closed"));
+    };
+    if g < state.generation {
+        return Err(stale(g, state.generation));
+    }
+    if let Err(e) = replica.accept_generation(g).await {
+        return Err(match e {
+            crate::ReplicaError::StaleGeneration { offered, accepted } => stale(offered, accepted),
+            e => super::to_status(e),
+        });
+    }
+    if g > state.generation {
+        info!(
+            old = state.generation,
+            new = g,
+            "generation raised: older data streams end"
+        );
+        state.generation = g;
+        shared.fence.send_modify(|f| f.generation = g);
+    }
+    Ok((g, state.closes))
+}
+
+fn stale(offered: u64, accepted: u64) -> Status {
+    Status::failed_precondition(format!(
+        "generation {offered} is lower than the accepted generation {accepted}"
+    ))
+}
+
+/// Why a stream with `generation` that started after `closes` closes may not go on.
+fn fenced(now: Fence, generation: u64, closes: u64) -> Option<Status> {
+    if now.closes != closes {
+        Some(Status::unavailable("the replica was closed"))
+    } else if now.generation > generation {
+        Some(Status::failed_precondition(format!(
+            "fenced: generation {generation} was superseded by generation {}",
+            now.generation
+        )))
+    } else {
+        None
+    }
+}
+
+/// Gives a transport error on the inbound stream a message that says what to do.
+fn transport_error(status: Status) -> Status {
+    if status.code() == Code::OutOfRange || status.code() == Code::ResourceExhausted {
+        Status::resource_exhausted(format!(
+            "message larger than the limit of {MAX_MESSAGE_BYTES} bytes (split the I/O): {}",
+            status.message()
+        ))
+    } else {
+        status
+    }
+}
+
+/// The byte budget is counted in 4 KiB units.
+const BUDGET_UNIT: u64 = 4096;
+const BUDGET_UNITS: u64 = MAX_BYTES_IN_FLIGHT / BUDGET_UNIT;
+
+/// The share of the byte budget a request holds until it is answered: its payload (read
+/// data is allocated when it runs), capped so that one oversized request cannot wait
+/// forever (it is refused without allocating anyway).
+fn budget_units(req: &pb::DataRequest) -> u32 {
+    let bytes = match &req.op {
+        Some(Op::Read(r)) if r.length <= MAX_IO_BYTES => r.length,
+        Some(Op::Write(w)) => w.data.len() as u64,
+        _ => 0,
+    };
+    bytes.div_ceil(BUDGET_UNIT).clamp(1, BUDGET_UNITS) as u32
+}
+
+fn ok(id: u64) -> pb::DataResponse {
+    pb::DataResponse {
+        id,
+        status: DataStatus::Ok as i32,
+        ..Default::default()
+    }
+}
+
+fn failed(id: u64, status: DataStatus, message: String) -> pb::DataResponse {
+    pb::DataResponse {
+        id,
+        status: status as i32,
+        message,
+        ..Default::default()
+    }
+}
+
+fn too_large(what: &str, len: u64) -> String {
+    format!("{what} of {len} bytes is larger than the limit of {MAX_IO_BYTES} bytes per request")
+}
+
+async fn execute(
+    shared: Arc<Shared>,
+    generation: u64,
+    closes: u64,
+    req: pb::DataRequest,
+    tx: Tx,
+    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+) {
+    let id = req.id;
+    let resp = match req.op {
+        None => failed(id, DataStatus::Invalid, "request has no operation".into()),
+        Some(op) => run_op(&shared, generation, closes, id, op).await,
+    };
+    if resp.status != DataStatus::Ok as i32 {
+        debug!(id, status = resp.status, "request failed: {}", resp.message);
+    }
+    // The client may be gone; its requests' answers have nowhere to go.
+    let _ = tx.send(Ok(resp)).await;
+}
+
+async fn run_op(
+    shared: &Shared,
+    generation: u64,
+    closes: u64,
+    id: u64,
+    op: Op,
+) -> pb::DataResponse {
+    let state = shared.state.read().await;
+    let fence = Fence {
+        generation: state.generation,
+        closes: state.closes,
+    };
+    if let Some(why) = fenced(fence, generation, closes) {
+        return failed(id, DataStatus::Unavailable, why.message().to_string());
+    }
+    let Some(replica) = state.replica.as_ref() else {
+        return failed(id, DataStatus::Unavailable, "the replica is closed".into());
+    };
+    let result = match op {
+        Op::Read(r) => {
+            if r.length > MAX_IO_BYTES {
+                return failed(id, DataStatus::Invalid, too_large("read", r.length));
+            }
+            debug!(id, offset = r.offset, length = r.length, "read");
+            replica
+                .read(r.offset, r.length)
+                .await
+                .map(|data| pb::DataResponse { data, ..ok(id) })
+        }
+        Op::Write(w) => {
+            let len = w.data.len() as u64;
+            if len > MAX_IO_BYTES {
+                return failed(id, DataStatus::Invalid, too_large("write", len));
+            }
+            debug!(id, offset = w.offset, length = len, "write");
+            let data: Bytes = w.data;
+            replica.write(w.offset, data).await.map(|()| ok(id))
+        }
+        Op::Unmap(u) => {
+            debug!(id, offset = u.offset, length = u.length, "unmap");
+            replica.unmap(u.offset, u.length).await.map(|()| ok(id))
+        }
+        Op::Flush(f) => {
+            debug!(id, flush_number = f.flush_number, "flush");
+            replica
+                .flush(f.flush_number)
+                .await
+                .map(|n| pb::DataResponse {
+                    flush_number: n,
+                    ..ok(id)
+                })
+        }
+        Op::Hello(_) => {
+            let why = "hello is only valid as the first message of a stream";
+            return failed(id, DataStatus::Invalid, why.into());
+        }
+    };
+    result.unwrap_or_else(|e| {
+        let status = data_status_of(&e);
+        if status == DataStatus::IoError {
+            warn!(id, "request failed with an I/O error: {e}");
+        }
+        failed(id, status, e.to_string())
+    })
+}
