@@ -17,4 +17,9 @@ pub mod replica {
 
     /// The version this build speaks; see the changelog at the top of `replica.proto`.
     pub const PROTOCOL_VERSION: u32 = 1;
+    /// The largest gRPC message either side sends or accepts.
+    pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+    /// The most one read or write on the data stream moves; engines split larger I/O. Leaves
+    /// room below [`MAX_MESSAGE_BYTES`] for the message framing.
+    pub const MAX_IO_BYTES: u64 = 8 << 20;
 }

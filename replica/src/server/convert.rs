@@ -59,6 +59,8 @@ fn layer_to_pb(l: LayerInfo) -> pb::LayerInfo {
         created: l.created,
         labels: l.labels.into_iter().collect(),
         size: l.size,
+        incomplete: l.incomplete,
+        rebuilt: l.rebuilt,
     }
 }
 

@@ -47,11 +47,7 @@ use zebu_proto::replica::replica_server::{Replica as ReplicaRpc, ReplicaServer a
 use crate::io::IoEngine;
 use crate::store::{Replica, ReplicaInfo};
 
-/// Largest gRPC message the server accepts or sends.
-pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
-/// Largest read or write one data request may move; leaves headroom under
-/// [`MAX_MESSAGE_BYTES`] for the message framing.
-pub const MAX_IO_BYTES: u64 = 8 << 20;
+pub use zebu_proto::replica::{MAX_IO_BYTES, MAX_MESSAGE_BYTES};
 /// Requests one data stream executes at once.
 pub const MAX_IN_FLIGHT: usize = 256;
 /// Read and write payload one data stream holds in memory at once (requests running or
@@ -300,6 +296,40 @@ impl ReplicaRpc for ReplicaServer {
     ) -> Result<Response<pb::InfoResponse>, Status> {
         let req = request.into_inner();
         control!(self, "set_epoch", |r| r.set_epoch(req.epoch, req.members))
+    }
+
+    async fn written_since(
+        &self,
+        request: Request<pb::WrittenSinceRequest>,
+    ) -> Result<Response<pb::WrittenSinceResponse>, Status> {
+        let flush = request.into_inner().flush;
+        let current = self.shared.current().await?;
+        Ok(Response::new(pb::WrittenSinceResponse {
+            region_size: current.replica.info().region_size,
+            regions: current.replica.regions_written_since(flush),
+        }))
+    }
+
+    async fn checksums(
+        &self,
+        request: Request<pb::ChecksumsRequest>,
+    ) -> Result<Response<pb::ChecksumsResponse>, Status> {
+        let req = request.into_inner();
+        if req.length > MAX_IO_BYTES * 16 {
+            return Err(Status::invalid_argument(format!(
+                "checksum range of {} bytes is larger than the limit of {} bytes",
+                req.length,
+                MAX_IO_BYTES * 16
+            )));
+        }
+        let current = self.shared.current().await?;
+        let crc32c = current
+            .replica
+            .checksums(req.offset, req.length, req.block_size)
+            .instrument(self.shared.rpc_span("checksums"))
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ChecksumsResponse { crc32c }))
     }
 
     async fn list_extents(

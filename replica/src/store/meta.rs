@@ -71,6 +71,9 @@ pub struct LayerMeta {
     /// `finish_layer`): its data cannot be trusted yet.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub incomplete: bool,
+    /// Created by a rebuild (`begin_layer`) rather than by a snapshot of this replica.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rebuilt: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

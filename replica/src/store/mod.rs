@@ -86,6 +86,8 @@ pub struct LayerInfo {
     pub size: u64,
     /// A rebuild is still writing it.
     pub incomplete: bool,
+    /// Written by a rebuild.
+    pub rebuilt: bool,
 }
 
 /// A snapshot of a replica's state for `Info`.
@@ -289,6 +291,7 @@ impl Replica {
                     labels: BTreeMap::new(),
                     size,
                     incomplete: false,
+                    rebuilt: false,
                 }],
             };
             meta.store(&d) // commit point: the replica exists from here on
@@ -712,6 +715,7 @@ impl Replica {
                 labels: l.labels.clone(),
                 size: l.size,
                 incomplete: l.incomplete,
+                rebuilt: l.rebuilt,
             })
             .collect();
         ReplicaInfo {

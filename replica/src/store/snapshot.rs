@@ -87,6 +87,7 @@ impl Replica {
                 labels: BTreeMap::new(),
                 size,
                 incomplete: false,
+                rebuilt: false,
             });
             m.head = id;
             Ok(())
@@ -280,6 +281,7 @@ impl Replica {
                 labels: BTreeMap::new(),
                 size,
                 incomplete: false,
+                rebuilt: false,
             });
             m.head = id;
             Ok(())
@@ -469,6 +471,7 @@ impl Replica {
                 labels: spec.labels.clone(),
                 size,
                 incomplete: true,
+                rebuilt: true,
             });
             Ok(())
         })
