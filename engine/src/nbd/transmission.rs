@@ -174,7 +174,7 @@ impl Reader {
                             fua,
                         }
                     } else {
-                        Op::Fail(range_errno(h.command))
+                        Op::Fail(range_errno(h.command, h.length))
                     }
                 }
                 CMD_FLUSH => Op::Flush,
@@ -189,7 +189,9 @@ impl Reader {
                     no_hole: h.flags & CMD_FLAG_NO_HOLE != 0,
                     fua,
                 },
-                CMD_READ | CMD_TRIM | CMD_WRITE_ZEROES => Op::Fail(range_errno(h.command)),
+                CMD_READ | CMD_TRIM | CMD_WRITE_ZEROES => {
+                    Op::Fail(range_errno(h.command, h.length))
+                }
                 CMD_DISC => {
                     tracing::debug!("client sent DISC");
                     return Ok(());
@@ -252,10 +254,10 @@ impl Reader {
 }
 
 /// The protocol's choice for a range past the end: writes report no space, reads and
-/// trims an invalid argument. Zero length is refused the same way.
-fn range_errno(command: u16) -> NbdErrno {
+/// trims an invalid argument. A zero-length request is invalid whatever the command.
+fn range_errno(command: u16, length: u32) -> NbdErrno {
     match command {
-        CMD_WRITE | CMD_WRITE_ZEROES => NbdErrno::NoSpc,
+        CMD_WRITE | CMD_WRITE_ZEROES if length > 0 => NbdErrno::NoSpc,
         _ => NbdErrno::Inval,
     }
 }
