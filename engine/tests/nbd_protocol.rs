@@ -231,3 +231,21 @@ async fn shutdown_closes_attached_clients() {
     assert!(c.closed_by_server().await);
     assert!(h.closed_by_server().await);
 }
+
+#[tokio::test]
+async fn flush_on_one_connection_covers_writes_completed_on_another() {
+    // What CAN_MULTI_CONN promises: every connection reaches the same device, and a FLUSH
+    // anywhere reaches the device after the writes already replied to elsewhere.
+    let dev = Arc::new(Recording::new(MemDevice::new(SIZE)));
+    let server = TestServer::start(dev.clone()).await;
+    let (mut a, _, flags) = RawClient::connect(server.addr).await;
+    let (mut b, _, _) = RawClient::connect(server.addr).await;
+    assert_ne!(flags & TFLAG_CAN_MULTI_CONN, 0);
+    assert_eq!(a.write(1, 0, &[3; 4096]).await, 0);
+    b.send_request(CMD_FLUSH, 0, 2, 0, 0, &[]).await;
+    assert_eq!(b.read_reply().await, (2, 0));
+    assert_eq!(dev.calls(), vec!["write 0 4096", "flush"]);
+    // And B reads A's data.
+    assert_eq!(b.read(3, 0, 4096).await, Ok(vec![3; 4096]));
+    server.stop().await;
+}
