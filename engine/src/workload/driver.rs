@@ -324,7 +324,10 @@ pub async fn run_workload<D: BlockDevice + ?Sized>(
                 report.reads += 1;
                 let data = data.unwrap_or_default();
                 if let Err(w) = model.check(c.block, &data, Expect::Exact) {
-                    tracing::error!(%w, "read during the workload returned wrong data");
+                    // Bounded so a wholesale failure does not flood the log.
+                    if report.bad_reads.len() < 20 {
+                        tracing::error!(%w, "read during the workload returned wrong data");
+                    }
                     report.bad_reads.push(w);
                 }
             }

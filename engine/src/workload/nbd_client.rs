@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
@@ -147,6 +147,8 @@ struct Shared {
     addr: String,
     table: std::sync::Mutex<PendingTable>,
     next_handle: AtomicU64,
+    /// Set once DISC is sent, so the server closing the connection is not reported as a loss.
+    disconnecting: AtomicBool,
 }
 
 impl Shared {
@@ -161,7 +163,11 @@ impl Shared {
         let drained: Vec<Pending> = {
             let mut t = self.table();
             if t.dead.is_none() {
-                tracing::warn!(addr = %self.addr, reason = %why, "NBD connection lost");
+                if self.disconnecting.load(Ordering::Relaxed) {
+                    tracing::debug!(addr = %self.addr, reason = %why, "NBD connection closed");
+                } else {
+                    tracing::warn!(addr = %self.addr, reason = %why, "NBD connection lost");
+                }
                 t.dead = Some(why.clone());
             }
             t.map.drain().map(|(_, p)| p).collect()
@@ -206,6 +212,7 @@ impl NbdClient {
             addr: addr.to_string(),
             table: std::sync::Mutex::new(PendingTable::default()),
             next_handle: AtomicU64::new(1),
+            disconnecting: AtomicBool::new(false),
         });
         let (rd, wr) = stream.into_split();
         let (tx, rx) = mpsc::unbounded_channel();
@@ -479,6 +486,7 @@ async fn writer_task(
             wr.flush().await?;
         }
         // Every client handle is gone: say goodbye properly.
+        shared.disconnecting.store(true, Ordering::Relaxed);
         wr.write_all(&encode_header(0, Command::Disc, 0, 0, 0))
             .await?;
         wr.flush().await?;
