@@ -352,3 +352,81 @@ fn zebu_verify_bad_flags_give_one_line_errors() {
     assert_eq!(rc, 1);
     assert!(err.contains("state") && !err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn zebu_verify_survives_a_server_killed_mid_run_then_checks_after_crash_and_resumes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = dir.path().join("disk.img");
+    std::fs::File::create(&disk)
+        .and_then(|f| f.set_len(16 << 20))
+        .expect("create disk");
+    let disk_s = disk.to_str().expect("utf-8 path");
+    let state = dir.path().join("state.json");
+    let state_s = state.to_str().expect("utf-8 path");
+
+    let mut server = Nbdkit::start(&["--filter=delay", "file", disk_s, "delay-write=2ms"]);
+    let run = Command::new(env!("CARGO_BIN_EXE_zebu-verify"))
+        .args([
+            "run",
+            "--nbd",
+            &server.addr,
+            "--size-range",
+            "4M",
+            "--duration",
+            "30s",
+            "--flush-every",
+            "50",
+            "--state",
+            state_s,
+            "--allow-errors",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn zebu-verify");
+    std::thread::sleep(Duration::from_millis(700));
+    server.child.kill().expect("kill nbdkit");
+    let out = run.wait_with_output().expect("zebu-verify finishes");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        !stdout.contains(" 0 I/O errors"),
+        "the kill must be seen: {stdout}"
+    );
+    assert!(stdout.contains("I/O error: "), "{stdout}");
+
+    // Same file, new server: whatever the killed server had acknowledged or not, every block
+    // must be the flushed version or a later one.
+    let server = Nbdkit::start(&["file", disk_s]);
+    let (rc, out, err) = zebu_verify(&["check", "--nbd", &server.addr, "--state", state_s]);
+    // nbdkit's file plugin writes into the page cache, which a killed process does not lose,
+    // so even the exact check (newest acknowledged write, or a failed one that may have
+    // landed) must pass.
+    assert_eq!(rc, 0, "{out}{err}");
+    let (rc, out, err) = zebu_verify(&[
+        "check",
+        "--nbd",
+        &server.addr,
+        "--state",
+        state_s,
+        "--after-crash",
+    ]);
+    assert_eq!(rc, 0, "{out}{err}");
+
+    // The crash check settled the state; a resumed run continues and checks exactly.
+    let (rc, out, err) = zebu_verify(&[
+        "run",
+        "--nbd",
+        &server.addr,
+        "--size-range",
+        "4M",
+        "--ops",
+        "2000",
+        "--resume",
+        "--state",
+        state_s,
+    ]);
+    assert_eq!(rc, 0, "{out}{err}");
+    let (rc, out, err) = zebu_verify(&["check", "--nbd", &server.addr, "--state", state_s]);
+    assert_eq!(rc, 0, "{out}{err}");
+}
