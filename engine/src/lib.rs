@@ -5,6 +5,7 @@
 pub mod blockdev;
 pub mod iscsi;
 pub mod nbd;
+pub mod workload;
 
 // Offsets are u64 and buffers usize everywhere; they convert losslessly only on 64-bit.
 const _: () = assert!(usize::BITS == 64, "Zebu supports 64-bit targets only");
