@@ -16,7 +16,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .bytes(".zebu.replica.v1")
         .compile_protos(
-            &[std::path::PathBuf::from("proto/replica.proto")],
+            &[
+                std::path::PathBuf::from("proto/replica.proto"),
+                std::path::PathBuf::from("proto/engine.proto"),
+            ],
             &includes,
         )?;
     Ok(())

@@ -1,1 +1,431 @@
-fn main() {}
+//! `zebu-engine`: serve one volume over its replicas, or talk to a running engine.
+//!
+//! ```text
+//! zebu-engine serve --volume vol --size 10G --replica 127.0.0.11:9501 --replica 127.0.0.12:9501 \
+//!     --control 127.0.0.1:9600 --frontend nbd --nbd-listen 127.0.0.1:10809
+//! zebu-engine --control 127.0.0.1:9600 info --json
+//! ```
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use tokio::signal::unix::{SignalKind, signal};
+use zebu_engine::blockdev::BlockDevice;
+use zebu_engine::cli_args::{parse_duration, parse_size};
+use zebu_engine::control::ControlService;
+use zebu_engine::iscsi::{IscsiConfig, IscsiServer, chap::Chap, target_iqn};
+use zebu_engine::nbd::{NbdConfig, NbdServer};
+use zebu_engine::replicator::{StartOptions, Volume, VolumeConfig};
+use zebu_proto::engine as pb;
+use zebu_proto::engine::engine_client::EngineClient;
+
+#[derive(Parser)]
+#[command(name = "zebu-engine", about = "The Zebu volume engine", version)]
+struct Cli {
+    /// The control address of a running engine (for the client commands).
+    #[arg(long, global = true)]
+    control: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum FrontendKind {
+    Nbd,
+    Iscsi,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve a volume.
+    Serve(Box<ServeArgs>),
+    /// Volume state, replicas and their modes.
+    Info,
+    /// Replica membership.
+    #[command(subcommand)]
+    Replica(ReplicaCmd),
+    /// Snapshots.
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
+    /// Grow the volume.
+    Expand {
+        #[arg(value_parser = parse_size)]
+        size: u64,
+    },
+    /// Progress of the current or last rebuild.
+    RebuildStatus,
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[arg(long)]
+    volume: String,
+    #[arg(long, value_parser = parse_size)]
+    size: u64,
+    /// A replica address (host:port); repeat for each replica.
+    #[arg(long = "replica", required = true)]
+    replicas: Vec<String>,
+    /// Where the control server listens.
+    #[arg(long = "control-listen", alias = "listen-control")]
+    control_listen: Option<SocketAddr>,
+    /// Frontends to run (repeatable); none serves only the control API.
+    #[arg(long = "frontend")]
+    frontends: Vec<FrontendKind>,
+    #[arg(long, default_value = "0.0.0.0:10809")]
+    nbd_listen: SocketAddr,
+    #[arg(long, default_value = "0.0.0.0:3260")]
+    iscsi_listen: SocketAddr,
+    #[arg(long, requires = "chap_secret")]
+    chap_user: Option<String>,
+    #[arg(long, requires = "chap_user")]
+    chap_secret: Option<String>,
+    #[arg(long, requires_all = ["mutual_secret", "chap_user"])]
+    mutual_user: Option<String>,
+    #[arg(long, requires = "mutual_user")]
+    mutual_secret: Option<String>,
+    /// A replica that does not answer within this is dropped.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    io_timeout: Duration,
+    /// Start even if the replicas cannot be shown current (logged); for operators.
+    #[arg(long)]
+    salvage: bool,
+    /// Host addresses whose replicas count as local (read first).
+    #[arg(long = "local-host")]
+    local_hosts: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum ReplicaCmd {
+    Ls,
+    /// Add a replica and bring it in sync in the background.
+    Add {
+        address: String,
+    },
+    Rm {
+        address: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotCmd {
+    Create { name: String },
+    Ls,
+    Rm { name: String },
+    Revert { name: String },
+    Purge,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                std::process::ExitCode::from(2)
+            } else {
+                std::process::ExitCode::SUCCESS
+            };
+        }
+    };
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("zebu-engine: error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let res = rt.block_on(async move {
+        match cli.cmd {
+            Cmd::Serve(args) => serve(*args, cli.control).await,
+            cmd => client(cmd, cli.control, cli.json).await,
+        }
+    });
+    match res {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("zebu-engine: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: ServeArgs, control: Option<String>) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let control_addr: SocketAddr = match (args.control_listen, control) {
+        (Some(a), _) => a,
+        (None, Some(c)) => c
+            .parse()
+            .with_context(|| format!("--control {c:?} is not host:port"))?,
+        (None, None) => anyhow::bail!("give the control address with --control HOST:PORT"),
+    };
+    let config = VolumeConfig {
+        name: args.volume.clone(),
+        size: args.size,
+        io_timeout: args.io_timeout,
+        local_hosts: args.local_hosts.clone(),
+    };
+    let (volume, stale) = Volume::start(StartOptions {
+        config,
+        replicas: args.replicas.clone(),
+        salvage: args.salvage,
+    })
+    .await?;
+    let dev: Arc<dyn BlockDevice> = volume.clone();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut frontends = Vec::new();
+    if args.frontends.contains(&FrontendKind::Nbd) {
+        let server = NbdServer::bind(
+            NbdConfig::new(args.nbd_listen, args.volume.clone()),
+            dev.clone(),
+        )
+        .await?;
+        let endpoint = format!("nbd://{}/{}", server.local_addr(), args.volume);
+        println!("nbd {endpoint}");
+        frontends.push(pb::Frontend {
+            kind: "nbd".into(),
+            endpoint,
+        });
+        let stop = stopped();
+        tasks.spawn(async move { server.run(stop).await.map_err(anyhow::Error::from) });
+    }
+    if args.frontends.contains(&FrontendKind::Iscsi) {
+        let mut cfg = IscsiConfig::new(args.iscsi_listen, &args.volume);
+        if let (Some(user), Some(secret)) = (args.chap_user.clone(), args.chap_secret.clone()) {
+            let mutual = args.mutual_user.clone().zip(args.mutual_secret.clone());
+            cfg.chap = Some(Chap {
+                user,
+                secret,
+                mutual,
+            });
+        }
+        let server = IscsiServer::bind(cfg, dev.clone()).await?;
+        let endpoint = format!(
+            "iscsi://{}/{}/1",
+            server.local_addr(),
+            target_iqn(&args.volume)
+        );
+        println!("iscsi {endpoint}");
+        frontends.push(pb::Frontend {
+            kind: "iscsi".into(),
+            endpoint,
+        });
+        let stop = stopped();
+        tasks.spawn(async move { server.serve(stop).await.map_err(anyhow::Error::from) });
+    }
+    let listener = tokio::net::TcpListener::bind(control_addr)
+        .await
+        .with_context(|| format!("binding the control address {control_addr}"))?;
+    println!("control {}", listener.local_addr()?);
+    let svc = ControlService::new(volume.clone(), frontends).into_server();
+    let stop = stopped();
+    tasks.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                stop,
+            )
+            .await
+            .map_err(anyhow::Error::from)
+    });
+    println!("ready");
+    // Replicas that were given but are not current are brought back one after another.
+    if !stale.is_empty() {
+        let v = volume.clone();
+        tokio::spawn(async move {
+            for addr in stale {
+                if let Err(e) = v.rebuild(&addr).await {
+                    tracing::warn!(replica = %addr, "cannot bring the replica back: {e}");
+                }
+            }
+        });
+    }
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        Some(res) = tasks.join_next() => {
+            res.context("a server task panicked")??;
+            anyhow::bail!("a server stopped unexpectedly");
+        }
+    }
+    tracing::info!("stopping: flushing the volume");
+    let _ = stop_tx.send(true);
+    while tasks.join_next().await.is_some() {}
+    volume.flush_all().await.context("final flush")?;
+    Ok(())
+}
+
+async fn client(cmd: Cmd, control: Option<String>, json: bool) -> anyhow::Result<()> {
+    let addr = control.context("give the engine's control address with --control HOST:PORT")?;
+    let mut c = EngineClient::connect(format!("http://{addr}"))
+        .await
+        .with_context(|| format!("cannot reach the engine at {addr}"))?;
+    let st = |s: tonic::Status| anyhow::anyhow!("{}", s.message());
+    match cmd {
+        Cmd::Serve(_) => unreachable!("handled in main"),
+        Cmd::Info | Cmd::Replica(ReplicaCmd::Ls) => {
+            let i = c.info(pb::InfoRequest {}).await.map_err(st)?.into_inner();
+            print_info(&i, json, matches!(cmd, Cmd::Replica(_)));
+        }
+        Cmd::Replica(ReplicaCmd::Add { address }) => {
+            let i = c
+                .replica_add(pb::ReplicaAddRequest { address })
+                .await
+                .map_err(st)?
+                .into_inner();
+            print_info(&i, json, true);
+        }
+        Cmd::Replica(ReplicaCmd::Rm { address }) => {
+            let i = c
+                .replica_remove(pb::ReplicaRemoveRequest { address })
+                .await
+                .map_err(st)?
+                .into_inner();
+            print_info(&i, json, true);
+        }
+        Cmd::Snapshot(s) => {
+            let list = match s {
+                SnapshotCmd::Create { name } => {
+                    c.snapshot_create(pb::SnapshotCreateRequest {
+                        name,
+                        labels: Default::default(),
+                    })
+                    .await
+                }
+                SnapshotCmd::Ls => c.snapshot_list(pb::SnapshotListRequest {}).await,
+                SnapshotCmd::Rm { name } => {
+                    c.snapshot_delete(pb::SnapshotDeleteRequest { name }).await
+                }
+                SnapshotCmd::Revert { name } => {
+                    c.snapshot_revert(pb::SnapshotRevertRequest { name }).await
+                }
+                SnapshotCmd::Purge => c.snapshot_purge(pb::SnapshotPurgeRequest {}).await,
+            }
+            .map_err(st)?
+            .into_inner();
+            print_snapshots(&list, json);
+        }
+        Cmd::Expand { size } => {
+            let i = c
+                .expand(pb::ExpandRequest { size })
+                .await
+                .map_err(st)?
+                .into_inner();
+            print_info(&i, json, false);
+        }
+        Cmd::RebuildStatus => {
+            let s = c
+                .rebuild_status(pb::RebuildStatusRequest {})
+                .await
+                .map_err(st)?
+                .into_inner();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"replica": s.replica, "state": s.state, "kind": s.kind, "bytesDone": s.bytes_done,
+                        "bytesTotal": s.bytes_total, "bytesCopied": s.bytes_copied, "error": s.error})
+                );
+            } else {
+                let pct = if s.bytes_total > 0 {
+                    100.0 * s.bytes_done as f64 / s.bytes_total as f64
+                } else {
+                    0.0
+                };
+                println!(
+                    "{} {} {}: {} of {} bytes ({pct:.0}%), {} copied{}",
+                    s.state,
+                    s.kind,
+                    s.replica,
+                    s.bytes_done,
+                    s.bytes_total,
+                    s.bytes_copied,
+                    if s.error.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", error: {}", s.error)
+                    }
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_info(i: &pb::VolumeInfo, json: bool, replicas_only: bool) {
+    let reps: Vec<serde_json::Value> = i
+        .replicas
+        .iter()
+        .map(|r| serde_json::json!({"address": r.address, "id": r.id, "mode": r.mode, "reason": r.reason}))
+        .collect();
+    if json {
+        let v = if replicas_only {
+            serde_json::Value::Array(reps)
+        } else {
+            serde_json::json!({
+                "name": i.name, "size": i.size, "state": i.state, "generation": i.generation, "epoch": i.epoch,
+                "members": i.members, "flushNumber": i.flush_number, "replicas": reps,
+                "frontends": i.frontends.iter().map(|f| serde_json::json!({"kind": f.kind, "endpoint": f.endpoint})).collect::<Vec<_>>(),
+            })
+        };
+        println!("{v}");
+        return;
+    }
+    if !replicas_only {
+        println!(
+            "volume {} ({} bytes): {}, generation {}, epoch {}",
+            i.name, i.size, i.state, i.generation, i.epoch
+        );
+        for f in &i.frontends {
+            println!("frontend {} {}", f.kind, f.endpoint);
+        }
+    }
+    println!("{:<24} {:<4} REASON", "ADDRESS", "MODE");
+    for r in &i.replicas {
+        println!("{:<24} {:<4} {}", r.address, r.mode, r.reason);
+    }
+}
+
+fn print_snapshots(l: &pb::Snapshots, json: bool) {
+    if json {
+        let v: Vec<serde_json::Value> = l
+            .snapshots
+            .iter()
+            .map(|s| serde_json::json!({"name": s.name, "parent": s.parent, "userCreated": s.user_created,
+                "created": s.created, "dataBytes": s.data_bytes, "head": s.head}))
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return;
+    }
+    println!(
+        "{:<28} {:<28} {:>6} {:>14} CREATED",
+        "NAME", "PARENT", "USER", "DATA BYTES"
+    );
+    for s in &l.snapshots {
+        let name = if s.head { "(head)" } else { s.name.as_str() };
+        println!(
+            "{:<28} {:<28} {:>6} {:>14} {}",
+            name, s.parent, s.user_created, s.data_bytes, s.created
+        );
+    }
+}

@@ -3,6 +3,8 @@
 //! Every message between Zebu processes is defined in `proto/*.proto` and generated here:
 //! - [`replica`]: engine ⇄ replica (data stream, control and sync RPCs), version
 //!   [`replica::PROTOCOL_VERSION`].
+//! - [`engine`]: manager or CLI ⇄ engine (volume info, replicas, snapshots, rebuilds),
+//!   version [`engine::PROTOCOL_VERSION`].
 //!
 //! ```
 //! use zebu_proto::replica::{DataRequest, data_request::Op, ReadOp};
@@ -22,4 +24,13 @@ pub mod replica {
     /// The most one read or write on the data stream moves; engines split larger I/O. Leaves
     /// room below [`MAX_MESSAGE_BYTES`] for the message framing.
     pub const MAX_IO_BYTES: u64 = 8 << 20;
+}
+
+/// The engine control protocol (package `zebu.engine.v1`).
+pub mod engine {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("zebu.engine.v1");
+
+    /// The version this build speaks; see the changelog at the top of `engine.proto`.
+    pub const PROTOCOL_VERSION: u32 = 1;
 }

@@ -1,0 +1,87 @@
+//! Parsing of the sizes and durations people type on command lines.
+
+/// Parses `4096`, `512M`, `10G`, `1T`, `2GiB` (binary units, case-insensitive).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let fail = |why: &str| format!("invalid size '{s}': {why}");
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    if num.is_empty() {
+        return Err(fail(
+            "expected a number, optionally followed by K, M, G or T",
+        ));
+    }
+    let n: u64 = num.parse().map_err(|_| fail("number too large"))?;
+    let unit = unit.trim().to_ascii_uppercase();
+    let unit = unit
+        .strip_suffix("IB")
+        .or_else(|| unit.strip_suffix('B'))
+        .unwrap_or(&unit);
+    let shift = match unit {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        other => return Err(fail(&format!("unknown unit '{other}' (use K, M, G or T)"))),
+    };
+    match n.checked_mul(1u64 << shift) {
+        Some(0) => Err(fail("must be more than zero")),
+        Some(v) => Ok(v),
+        None => Err(fail("too large")),
+    }
+}
+
+/// Parses `5s`, `500ms`, `2m`, or plain seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration '{s}': expected a number like 5s or 500ms"))?;
+    let secs = match unit.trim() {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "m" | "min" => n * 60.0,
+        other => {
+            return Err(format!(
+                "invalid duration '{s}': unknown unit '{other}' (use ms, s or m)"
+            ));
+        }
+    };
+    if !(secs > 0.0 && secs < 86_400.0 * 365.0) {
+        return Err(format!("invalid duration '{s}': must be positive"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("10G"), Ok(10 << 30));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("1t"), Ok(1 << 40));
+        assert!(parse_size("10Q").unwrap_err().contains("unknown unit 'Q'"));
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5s"), Ok(std::time::Duration::from_secs(5)));
+        assert_eq!(
+            parse_duration("500ms"),
+            Ok(std::time::Duration::from_millis(500))
+        );
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("5h").is_err());
+    }
+}

@@ -1,0 +1,473 @@
+//! The replicator: one volume over N replicas, exposed to frontends as a [`BlockDevice`].
+//!
+//! # Replica modes
+//!
+//! ```text
+//!            rebuild / catch-up done
+//!     WO ───────────────────────────► RW
+//!      │                               │
+//!      │ error, timeout, disconnect    │ error, timeout, disconnect
+//!      ▼                               ▼
+//!     ERR ◄────────────────────────────┘      (ERR is final for that connection;
+//!                                               a replica comes back as a new WO)
+//! ```
+//!
+//! - A write or unmap goes to every RW and WO replica and is acknowledged when all of them
+//!   answered. A replica that errs or misses the I/O timeout goes ERR at once; the operation
+//!   still succeeds if at least one RW replica took it. No RW replica left: the volume is
+//!   faulted and I/O fails.
+//! - Before any write or flush is acknowledged after an RW replica went ERR, the surviving
+//!   RW replicas record a new membership epoch naming exactly themselves
+//!   ([`Volume::commit_membership`]), so the dropped replica can never be taken for current.
+//! - A read goes to one RW replica (a local one first, then the least busy) and is retried on
+//!   another if it fails; the failing one goes ERR.
+//! - Overlapping writes are ordered by a [`RangeLock`]: a write is sent only after every
+//!   earlier overlapping write completed on every replica, so all replicas apply them in the
+//!   same order.
+//! - Request ids come from one counter per volume.
+
+mod client;
+mod rangelock;
+mod rebuild;
+mod snapshot;
+mod start;
+
+pub use client::{DataPath, GrpcDataPath, PathError, connect_channel, control_client};
+pub use rangelock::RangeLock;
+pub use rebuild::RebuildStatus;
+pub use start::{StartError, StartOptions};
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tonic::transport::Channel;
+use zebu_proto::replica as pb;
+use zebu_proto::replica::replica_client::ReplicaClient;
+
+use crate::blockdev::{BlockDevice, BlockError, BoxFuture};
+
+/// The largest piece one replica request carries; larger I/O is split.
+const MAX_PIECE: u64 = pb::MAX_IO_BYTES;
+
+/// A replica's mode in this engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// In sync: serves reads and writes.
+    RW,
+    /// Rebuilding: receives every write, serves no reads.
+    WO,
+    /// Dropped: gets nothing.
+    ERR,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::RW => "RW",
+            Mode::WO => "WO",
+            Mode::ERR => "ERR",
+        })
+    }
+}
+
+impl Mode {
+    /// Whether `self -> to` is a valid transition (see the module diagram).
+    fn can_become(self, to: Mode) -> bool {
+        matches!(
+            (self, to),
+            (Mode::WO, Mode::RW) | (Mode::WO, Mode::ERR) | (Mode::RW, Mode::ERR)
+        )
+    }
+}
+
+/// One replica as the engine sees it.
+pub struct Replica {
+    pub addr: String,
+    /// The replica's own id (from its Info).
+    pub id: String,
+    mode: Mutex<(Mode, String)>,
+    data: Arc<dyn DataPath>,
+    control: ReplicaClient<Channel>,
+    inflight: AtomicUsize,
+    local: bool,
+}
+
+impl Replica {
+    pub fn mode(&self) -> Mode {
+        self.mode.lock().expect("invariant: mode lock").0
+    }
+
+    /// Why the replica is in its mode (for ERR: what failed).
+    pub fn reason(&self) -> String {
+        self.mode.lock().expect("invariant: mode lock").1.clone()
+    }
+
+    pub fn control(&self) -> ReplicaClient<Channel> {
+        self.control.clone()
+    }
+
+    /// Moves to `to` if the transition is valid; logs it. Returns whether it changed.
+    fn transition(&self, volume: &str, to: Mode, why: &str) -> bool {
+        let mut m = self.mode.lock().expect("invariant: mode lock");
+        if !m.0.can_become(to) {
+            return false;
+        }
+        tracing::warn!(volume, replica = %self.addr, "replica {}: {} -> {} ({why})", self.addr, m.0, to);
+        *m = (to, why.to_string());
+        if to == Mode::ERR {
+            self.data.close();
+        }
+        true
+    }
+}
+
+/// The membership last recorded on the replicas.
+#[derive(Debug, Clone, Default)]
+pub struct Membership {
+    pub epoch: u64,
+    pub members: Vec<String>,
+}
+
+/// Settings of one volume's engine.
+#[derive(Debug, Clone)]
+pub struct VolumeConfig {
+    pub name: String,
+    pub size: u64,
+    /// A replica that does not answer within this is dropped (ERR).
+    pub io_timeout: Duration,
+    /// Addresses (host part) considered local for read preference.
+    pub local_hosts: Vec<String>,
+}
+
+/// A replicated volume. Implements [`BlockDevice`] for the frontends.
+pub struct Volume {
+    config: VolumeConfig,
+    size: AtomicU64,
+    generation: u64,
+    replicas: RwLock<Vec<Arc<Replica>>>,
+    next_id: AtomicU64,
+    ranges: RangeLock,
+    /// Writes hold it shared; snapshot and membership-changing operations take it exclusive
+    /// to quiesce I/O.
+    gate: tokio::sync::RwLock<()>,
+    membership: tokio::sync::Mutex<Membership>,
+    membership_dirty: AtomicBool,
+    flush_number: AtomicU64,
+    flush_lock: tokio::sync::Mutex<()>,
+    rebuild: Mutex<RebuildStatus>,
+    /// Serialises control operations (snapshots, rebuilds, expand).
+    ops: tokio::sync::Mutex<()>,
+}
+
+impl Volume {
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn io_timeout(&self) -> Duration {
+        self.config.io_timeout
+    }
+
+    /// Every replica this engine knows, in every mode.
+    pub fn replicas(&self) -> Vec<Arc<Replica>> {
+        self.replicas
+            .read()
+            .expect("invariant: replicas lock")
+            .clone()
+    }
+
+    fn with_mode(&self, modes: &[Mode]) -> Vec<Arc<Replica>> {
+        self.replicas()
+            .into_iter()
+            .filter(|r| modes.contains(&r.mode()))
+            .collect()
+    }
+
+    pub async fn membership(&self) -> Membership {
+        self.membership.lock().await.clone()
+    }
+
+    pub fn flush_number(&self) -> u64 {
+        self.flush_number.load(Ordering::Acquire)
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Drops a replica (ERR). If it was RW, the membership must be recorded anew before the
+    /// next acknowledgement.
+    fn fail(&self, r: &Replica, why: &str) {
+        let was_rw = r.mode() == Mode::RW;
+        if r.transition(&self.config.name, Mode::ERR, why) && was_rw {
+            self.membership_dirty.store(true, Ordering::Release);
+        }
+    }
+
+    /// Records a new epoch on the RW replicas if one went ERR since the last record. Returns
+    /// an error when no RW replica is left.
+    pub async fn commit_membership(&self) -> Result<(), BlockError> {
+        if !self.membership_dirty.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut m = self.membership.lock().await;
+        while self.membership_dirty.swap(false, Ordering::AcqRel) {
+            let rw = self.with_mode(&[Mode::RW]);
+            if rw.is_empty() {
+                return Err(self.faulted());
+            }
+            let epoch = m.epoch + 1;
+            let members: Vec<String> = rw.iter().map(|r| r.id.clone()).collect();
+            let results =
+                futures::future::join_all(
+                    rw.iter().map(|r| {
+                        let mut c = r.control();
+                        let req = pb::SetEpochRequest {
+                            epoch,
+                            members: members.clone(),
+                        };
+                        async move {
+                            tokio::time::timeout(self.config.io_timeout, c.set_epoch(req)).await
+                        }
+                    }),
+                )
+                .await;
+            for (r, res) in rw.iter().zip(results) {
+                match res {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(s)) => {
+                        self.fail(r, &format!("recording epoch {epoch}: {}", s.message()))
+                    }
+                    Err(_) => self.fail(r, &format!("recording epoch {epoch}: timeout")),
+                }
+            }
+            // A failure above set the flag again: loop and record without that replica.
+            if !self.membership_dirty.load(Ordering::Acquire) {
+                tracing::info!(volume = %self.config.name, epoch, ?members, "membership recorded");
+                *m = Membership { epoch, members };
+            }
+        }
+        Ok(())
+    }
+
+    fn faulted(&self) -> BlockError {
+        BlockError::Unavailable(format!(
+            "volume {} is faulted: no RW replica left",
+            self.config.name
+        ))
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let size = self.size();
+        match offset.checked_add(len) {
+            Some(end) if end <= size && len > 0 => Ok(()),
+            _ => Err(BlockError::OutOfRange {
+                offset,
+                length: len,
+                size,
+            }),
+        }
+    }
+
+    /// Sends one mutating request to every RW and WO replica and applies the outcome rules.
+    async fn replicate<F>(&self, what: &str, op: F) -> Result<(), BlockError>
+    where
+        F: Fn(Arc<dyn DataPath>, u64) -> BoxFuture<'static, Result<(), PathError>>,
+    {
+        let targets = self.with_mode(&[Mode::RW, Mode::WO]);
+        if !targets.iter().any(|r| r.mode() == Mode::RW) {
+            return Err(self.faulted());
+        }
+        let id = self.next_id();
+        let timeout = self.config.io_timeout;
+        let results = futures::future::join_all(targets.iter().map(|r| {
+            let fut = op(r.data.clone(), id);
+            async move {
+                r.inflight.fetch_add(1, Ordering::Relaxed);
+                let res = tokio::time::timeout(timeout, fut).await;
+                r.inflight.fetch_sub(1, Ordering::Relaxed);
+                res.unwrap_or(Err(PathError::Timeout(timeout)))
+            }
+        }))
+        .await;
+        let mut rw_ok = 0;
+        let mut last_err = None;
+        for (r, res) in targets.iter().zip(results) {
+            match res {
+                Ok(()) if r.mode() == Mode::RW => rw_ok += 1,
+                Ok(()) => {}
+                Err(e) => {
+                    self.fail(r, &format!("{what}: {e}"));
+                    last_err = Some(e);
+                }
+            }
+        }
+        self.commit_membership().await?;
+        if rw_ok > 0 {
+            Ok(())
+        } else {
+            Err(match last_err {
+                Some(PathError::NoSpace(m)) => BlockError::NoSpace(m),
+                _ => self.faulted(),
+            })
+        }
+    }
+
+    async fn write_piece(&self, offset: u64, data: Bytes) -> Result<(), BlockError> {
+        let _g = self.gate.read().await;
+        let _r = self.ranges.lock(offset..offset + data.len() as u64).await;
+        self.replicate("write", |p, id| {
+            let data = data.clone();
+            Box::pin(async move { p.write(id, offset, data).await })
+        })
+        .await
+    }
+
+    async fn unmap_piece(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let _g = self.gate.read().await;
+        let _r = self.ranges.lock(offset..offset + len).await;
+        self.replicate("unmap", |p, id| {
+            Box::pin(async move { p.unmap(id, offset, len).await })
+        })
+        .await
+    }
+
+    async fn read_piece(&self, offset: u64, len: u64) -> Result<Bytes, BlockError> {
+        loop {
+            let Some(r) = self.pick_reader() else {
+                return Err(self.faulted());
+            };
+            r.inflight.fetch_add(1, Ordering::Relaxed);
+            let res = tokio::time::timeout(
+                self.config.io_timeout,
+                r.data.read(self.next_id(), offset, len),
+            )
+            .await;
+            r.inflight.fetch_sub(1, Ordering::Relaxed);
+            match res {
+                Ok(Ok(data)) => return Ok(data),
+                Ok(Err(e)) => self.fail(&r, &format!("read: {e}")),
+                Err(_) => self.fail(
+                    &r,
+                    &format!("read: no answer within {:?}", self.config.io_timeout),
+                ),
+            }
+        }
+    }
+
+    /// A local RW replica first, else the RW replica with the fewest requests in flight.
+    fn pick_reader(&self) -> Option<Arc<Replica>> {
+        let rw = self.with_mode(&[Mode::RW]);
+        rw.iter()
+            .filter(|r| r.local)
+            .min_by_key(|r| r.inflight.load(Ordering::Relaxed))
+            .or_else(|| rw.iter().min_by_key(|r| r.inflight.load(Ordering::Relaxed)))
+            .cloned()
+    }
+
+    /// Flushes every RW and WO replica under the next flush number.
+    pub async fn flush_all(&self) -> Result<(), BlockError> {
+        let _f = self.flush_lock.lock().await;
+        let number = self.flush_number.load(Ordering::Acquire) + 1;
+        self.replicate("flush", |p, id| {
+            Box::pin(async move { p.flush(id, number).await.map(|_| ()) })
+        })
+        .await?;
+        self.flush_number.store(number, Ordering::Release);
+        Ok(())
+    }
+
+    /// Adds a connected replica in `mode`.
+    fn add_replica(&self, r: Arc<Replica>) {
+        tracing::info!(volume = %self.config.name, replica = %r.addr, mode = %r.mode(), "replica added");
+        self.replicas
+            .write()
+            .expect("invariant: replicas lock")
+            .push(r);
+    }
+
+    /// Forgets a replica (it must not be RW, or the volume must keep another RW one).
+    pub async fn remove_replica(&self, addr: &str) -> Result<(), String> {
+        let _ops = self.ops.lock().await;
+        let _g = self.gate.write().await;
+        let r = self
+            .replicas()
+            .into_iter()
+            .find(|r| r.addr == addr)
+            .ok_or_else(|| format!("replica {addr} is not part of volume {}", self.config.name))?;
+        if r.mode() == Mode::RW && self.with_mode(&[Mode::RW]).len() == 1 {
+            return Err(format!(
+                "replica {addr} is the last RW replica of volume {}; it cannot be removed",
+                self.config.name
+            ));
+        }
+        self.fail(&r, "removed by request");
+        self.replicas
+            .write()
+            .expect("invariant: replicas lock")
+            .retain(|x| x.addr != addr);
+        self.commit_membership().await.map_err(|e| e.to_string())
+    }
+
+    pub fn rebuild_status(&self) -> RebuildStatus {
+        self.rebuild
+            .lock()
+            .expect("invariant: rebuild lock")
+            .clone()
+    }
+}
+
+impl BlockDevice for Volume {
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn read(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<Bytes, BlockError>> {
+        Box::pin(async move {
+            self.check_range(offset, len)?;
+            if len <= MAX_PIECE {
+                return self.read_piece(offset, len).await;
+            }
+            let mut out = bytes::BytesMut::with_capacity(len as usize);
+            let mut at = offset;
+            while at < offset + len {
+                let n = MAX_PIECE.min(offset + len - at);
+                out.extend_from_slice(&self.read_piece(at, n).await?);
+                at += n;
+            }
+            Ok(out.freeze())
+        })
+    }
+
+    fn write(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(async move {
+            self.check_range(offset, data.len() as u64)?;
+            let mut at = 0usize;
+            while at < data.len() {
+                let n = (MAX_PIECE as usize).min(data.len() - at);
+                self.write_piece(offset + at as u64, data.slice(at..at + n))
+                    .await?;
+                at += n;
+            }
+            Ok(())
+        })
+    }
+
+    fn unmap(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(async move {
+            self.check_range(offset, len)?;
+            // Unmap carries no payload; one request per replica whatever its size.
+            self.unmap_piece(offset, len).await
+        })
+    }
+
+    fn flush(&self) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(self.flush_all())
+    }
+}

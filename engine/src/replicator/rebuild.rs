@@ -1,0 +1,411 @@
+//! Bringing a replica (back) into the volume while I/O goes on.
+//!
+//! Two ways, chosen from what the replica holds:
+//!
+//! - **Catch-up**, for a former member that returns with its data intact (it was a member of
+//!   an epoch, and its snapshot chain equals the volume's): it joins as WO, then every region
+//!   that may differ — written on any RW replica after the last flush the returning replica
+//!   completed, or dirty on the returning replica itself — is compared block by block
+//!   (CRC32C of each 4 KiB) and only differing blocks are copied. Each region is copied under
+//!   the write range lock, so no write lands between the read from the source and the write
+//!   to the target. The region record lives on the replicas' disks, so this works across an
+//!   engine restart.
+//! - **Full rebuild**, for a replica that was never a member (epoch 0: fresh, or a rebuild
+//!   that was interrupted): it joins as WO, a system snapshot freezes all existing data on
+//!   every replica, then each layer of the source's chain is streamed (data extents only)
+//!   into the target, oldest first. Layers the target already finished in an earlier,
+//!   interrupted rebuild are skipped, so a rebuild resumes instead of starting over. If the
+//!   source fails, another RW replica takes over.
+//!
+//! Either way, a flush then aligns the target's flush number and it becomes RW in a new
+//! epoch. A replica that fits neither (a stale former member whose chain differs) is refused
+//! with the reason: it must be given a fresh directory.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::Serialize;
+use zebu_proto::replica as pb;
+
+use super::start::{chain_names, is_local};
+use super::{GrpcDataPath, Mode, Replica, Volume, connect_channel, control_client};
+use crate::blockdev::BlockDevice;
+
+/// Control operations that move data (merges, layer copies) get this long.
+const LONG_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// What `rebuild-status` shows.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RebuildStatus {
+    pub replica: String,
+    /// idle, running, done, failed
+    pub state: String,
+    /// full or catch-up
+    pub kind: String,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    /// Bytes actually sent to the target.
+    pub bytes_copied: u64,
+    pub error: String,
+}
+
+impl Volume {
+    fn set_status(&self, f: impl FnOnce(&mut RebuildStatus)) {
+        f(&mut self.rebuild.lock().expect("invariant: rebuild lock"));
+    }
+
+    /// Adds the replica at `addr` and brings it in sync in the background; progress shows in
+    /// [`Volume::rebuild_status`]. Fails at once if the replica cannot join.
+    pub async fn start_rebuild(self: &Arc<Self>, addr: &str) -> Result<(), String> {
+        if self.rebuild_status().state == "running" {
+            return Err(format!(
+                "a rebuild of {} is already running",
+                self.rebuild_status().replica
+            ));
+        }
+        let v = self.clone();
+        let addr = addr.to_string();
+        self.set_status(|s| {
+            *s = RebuildStatus {
+                replica: addr.clone(),
+                state: "running".into(),
+                ..Default::default()
+            }
+        });
+        tokio::spawn(async move {
+            let res = v.rebuild(&addr).await;
+            v.set_status(|s| match &res {
+                Ok(()) => s.state = "done".into(),
+                Err(e) => {
+                    s.state = "failed".into();
+                    s.error = e.clone();
+                }
+            });
+            match res {
+                Ok(()) => tracing::info!(volume = %v.name(), replica = %addr, "rebuild done"),
+                Err(e) => {
+                    tracing::warn!(volume = %v.name(), replica = %addr, "rebuild failed: {e}")
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// The whole rebuild of one replica; see the module comment.
+    pub async fn rebuild(self: &Arc<Self>, addr: &str) -> Result<(), String> {
+        let _ops = self.ops.lock().await;
+        if let Some(r) = self.replicas().into_iter().find(|r| r.addr == addr) {
+            if r.mode() != Mode::ERR {
+                return Err(format!(
+                    "replica {addr} is already {} in volume {}",
+                    r.mode(),
+                    self.name()
+                ));
+            }
+            self.replicas
+                .write()
+                .expect("invariant: replicas lock")
+                .retain(|x| x.addr != addr);
+        }
+        let timeout = self.io_timeout();
+        let channel = connect_channel(addr, timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut ctl = control_client(channel.clone());
+        let info = ctl
+            .info(pb::InfoRequest {})
+            .await
+            .map_err(|s| format!("{addr}: Info: {}", s.message()))?
+            .into_inner();
+        if info.size != self.size() {
+            return Err(format!(
+                "{addr}: size {} differs from the volume size {}",
+                info.size,
+                self.size()
+            ));
+        }
+        let source = self
+            .pick_reader()
+            .ok_or_else(|| self.faulted().to_string())?;
+        let src_info = source
+            .control()
+            .info(pb::InfoRequest {})
+            .await
+            .map_err(|s| format!("{}: Info: {}", source.addr, s.message()))?
+            .into_inner();
+        let was_member = info.epoch > 0 && info.epoch_members.contains(&info.replica_id);
+        let catch_up = was_member && chain_names(&info) == chain_names(&src_info);
+        if was_member && !catch_up {
+            return Err(format!(
+                "{addr} holds data of an older lineage (epoch {}, snapshots {:?}; the volume has {:?}); give it a fresh directory",
+                info.epoch,
+                chain_names(&info),
+                chain_names(&src_info)
+            ));
+        }
+        // Join as WO with no write in flight, so every write after this reaches it.
+        let data = GrpcDataPath::open(channel.clone(), self.generation(), timeout)
+            .await
+            .map_err(|e| format!("{addr}: {e}"))?;
+        let target = Arc::new(Replica {
+            addr: addr.to_string(),
+            id: info.replica_id.clone(),
+            mode: std::sync::Mutex::new((
+                Mode::WO,
+                if catch_up {
+                    "catching up"
+                } else {
+                    "rebuilding"
+                }
+                .into(),
+            )),
+            data: Arc::new(data),
+            control: control_client(channel),
+            inflight: AtomicUsize::new(0),
+            local: is_local(addr, &self.config.local_hosts),
+        });
+        {
+            let _g = self.gate.write().await;
+            self.add_replica(target.clone());
+        }
+        self.set_status(|s| s.kind = if catch_up { "catch-up" } else { "full" }.into());
+        let res = if catch_up {
+            self.catch_up(&target, info.flush_number).await
+        } else {
+            self.full_rebuild(&target).await
+        };
+        if let Err(e) = res {
+            self.fail(&target, &format!("rebuild: {e}"));
+            return Err(e);
+        }
+        self.flush_all().await.map_err(|e| e.to_string())?;
+        if target.mode() != Mode::WO {
+            return Err(format!(
+                "{addr} failed during the rebuild: {}",
+                target.reason()
+            ));
+        }
+        {
+            let _g = self.gate.write().await;
+            target.transition(self.name(), Mode::RW, "rebuild complete");
+            self.membership_dirty.store(true, Ordering::Release);
+        }
+        self.commit_membership().await.map_err(|e| e.to_string())
+    }
+
+    async fn catch_up(&self, target: &Arc<Replica>, since: u64) -> Result<(), String> {
+        let mut regions = BTreeSet::new();
+        let mut region_size = 0;
+        for r in self.with_mode(&[Mode::RW]).iter().chain([target]) {
+            let resp = r
+                .control()
+                .written_since(pb::WrittenSinceRequest { flush: since })
+                .await
+                .map_err(|s| format!("{}: WrittenSince: {}", r.addr, s.message()))?
+                .into_inner();
+            region_size = resp.region_size;
+            regions.extend(resp.regions);
+        }
+        let size = self.size();
+        self.set_status(|s| s.bytes_total = (regions.len() as u64 * region_size).min(size));
+        for region in regions {
+            let start = region * region_size;
+            if start >= size {
+                continue;
+            }
+            let len = region_size.min(size - start);
+            let _lock = self.ranges.lock(start..start + len).await;
+            let source = self
+                .pick_reader()
+                .ok_or_else(|| self.faulted().to_string())?;
+            let want = block_sums(&source, start, len).await?;
+            let have = block_sums(target, start, len).await?;
+            let mut i = 0;
+            while i < want.len() {
+                if want[i] == have.get(i).copied().unwrap_or(!want[i]) {
+                    i += 1;
+                    continue;
+                }
+                let first = i;
+                while i < want.len() && want[i] != have.get(i).copied().unwrap_or(!want[i]) {
+                    i += 1;
+                }
+                let (off, n) = (start + first as u64 * 4096, (i - first) as u64 * 4096);
+                let data = source
+                    .data
+                    .read(self.next_id(), off, n)
+                    .await
+                    .map_err(|e| format!("{}: {e}", source.addr))?;
+                target
+                    .data
+                    .write(self.next_id(), off, data)
+                    .await
+                    .map_err(|e| format!("{}: {e}", target.addr))?;
+                self.set_status(|s| s.bytes_copied += n);
+            }
+            self.set_status(|s| s.bytes_done += len);
+        }
+        Ok(())
+    }
+
+    async fn full_rebuild(&self, target: &Arc<Replica>) -> Result<(), String> {
+        let name = format!("rebuild-{:08x}", rand::random::<u32>());
+        self.snapshot_quiesced(&name, false, Default::default())
+            .await?;
+        if target.mode() != Mode::WO {
+            return Err(format!(
+                "the rebuild snapshot failed on the target: {}",
+                target.reason()
+            ));
+        }
+        loop {
+            let source = self
+                .pick_reader()
+                .ok_or_else(|| self.faulted().to_string())?;
+            match self.copy_layers(&source, target).await {
+                Ok(()) => return Ok(()),
+                Err(CopyError::Source(e)) => {
+                    // Another RW replica takes over; finished layers are not copied again.
+                    self.fail(&source, &format!("rebuild source: {e}"));
+                }
+                Err(CopyError::Target(e)) => return Err(e),
+            }
+        }
+    }
+
+    async fn copy_layers(
+        &self,
+        source: &Arc<Replica>,
+        target: &Arc<Replica>,
+    ) -> Result<(), CopyError> {
+        let src = source
+            .control()
+            .info(pb::InfoRequest {})
+            .await
+            .map_err(|s| CopyError::Source(s.message().into()))?
+            .into_inner();
+        let dst = target
+            .control()
+            .info(pb::InfoRequest {})
+            .await
+            .map_err(|s| CopyError::Target(s.message().into()))?
+            .into_inner();
+        let chain = chain_names(&src);
+        let layer =
+            |info: &pb::InfoResponse, n: &str| info.layers.iter().find(|l| l.name == n).cloned();
+        let total: u64 = chain
+            .iter()
+            .filter_map(|n| layer(&src, n))
+            .map(|l| l.data_bytes)
+            .sum();
+        self.set_status(|s| {
+            s.bytes_total = total;
+            s.bytes_done = 0;
+        });
+        let mut parent = String::new();
+        for name in &chain {
+            let l = layer(&src, name)
+                .ok_or_else(|| CopyError::Source(format!("layer {name} vanished")))?;
+            let done = layer(&dst, name).is_some_and(|d| d.rebuilt && !d.incomplete);
+            if !done {
+                self.copy_layer(source, target, &l, &parent).await?;
+            }
+            self.set_status(|s| s.bytes_done += l.data_bytes);
+            parent = name.clone();
+        }
+        Ok(())
+    }
+
+    /// Streams one layer's data extents from `source` into `target`.
+    async fn copy_layer(
+        &self,
+        source: &Arc<Replica>,
+        target: &Arc<Replica>,
+        l: &pb::LayerInfo,
+        parent: &str,
+    ) -> Result<(), CopyError> {
+        let mut src = source.control();
+        let mut reader = tokio::time::timeout(
+            LONG_TIMEOUT,
+            src.read_layer(pb::ReadLayerRequest {
+                layer: l.name.clone(),
+                extents: vec![],
+            }),
+        )
+        .await
+        .map_err(|_| CopyError::Source("ReadLayer: timeout".into()))?
+        .map_err(|s| CopyError::Source(format!("ReadLayer {}: {}", l.name, s.message())))?
+        .into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel::<pb::WriteLayerRequest>(4);
+        let first = pb::WriteLayerRequest {
+            layer: l.name.clone(),
+            parent: parent.to_string(),
+            user_created: l.user_created,
+            created: l.created.clone(),
+            labels: l.labels.clone(),
+            size: l.size,
+            chunk: None,
+        };
+        tx.send(first)
+            .await
+            .map_err(|_| CopyError::Target("WriteLayer stream closed".into()))?;
+        let mut dst = target.control();
+        let writer = tokio::spawn(async move {
+            dst.write_layer(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+        });
+        let mut source_err = None;
+        while let Some(chunk) = reader.next().await {
+            match chunk {
+                Ok(c) => {
+                    let n = c.data.len() as u64;
+                    let msg = pb::WriteLayerRequest {
+                        chunk: Some(c),
+                        ..Default::default()
+                    };
+                    if tx.send(msg).await.is_err() {
+                        break; // the writer failed; its error is reported below
+                    }
+                    self.set_status(|s| s.bytes_copied += n);
+                }
+                Err(s) => {
+                    source_err = Some(format!("ReadLayer {}: {}", l.name, s.message()));
+                    break;
+                }
+            }
+        }
+        if let Some(e) = source_err {
+            drop(tx);
+            writer.abort();
+            return Err(CopyError::Source(e));
+        }
+        drop(tx);
+        writer
+            .await
+            .map_err(|e| CopyError::Target(format!("WriteLayer task: {e}")))?
+            .map_err(|s| CopyError::Target(format!("WriteLayer {}: {}", l.name, s.message())))?;
+        Ok(())
+    }
+}
+
+enum CopyError {
+    Source(String),
+    Target(String),
+}
+
+async fn block_sums(r: &Replica, offset: u64, len: u64) -> Result<Vec<u32>, String> {
+    let resp = r
+        .control()
+        .checksums(pb::ChecksumsRequest {
+            offset,
+            length: len,
+            block_size: 4096,
+        })
+        .await
+        .map_err(|s| format!("{}: Checksums: {}", r.addr, s.message()))?
+        .into_inner();
+    Ok(resp.crc32c)
+}

@@ -1,0 +1,401 @@
+//! Engine start: find the current replicas, reconcile them, serve.
+//!
+//! 1. Ask every given replica for its Info. The highest membership epoch any reachable
+//!    replica records, with the members it names, says who was current when the last
+//!    engine stopped. The reachable replicas are provably current only when every member
+//!    of that epoch is reachable and at that epoch. Otherwise the engine refuses to start
+//!    and names each replica and why, unless an operator (or the manager) asked for a
+//!    salvage: then it proceeds with the members it has, and says so in the log.
+//! 2. A new generation (the highest any replica accepted, plus one) fences every older
+//!    engine: a replica refuses data streams of lower generations from then on.
+//! 3. The current replicas may differ only in regions written since the oldest flush any of
+//!    them completed (the replicas keep that record on disk, see `regions.rs` of the
+//!    replica). Those regions are compared by checksum and copied from the replica with the
+//!    highest flush number to the others. Then one flush makes them all durable and equal,
+//!    and a new epoch is recorded.
+//! 4. Replicas that are reachable but not current are left out; the caller rebuilds them.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tonic::transport::Channel;
+use zebu_proto::replica as pb;
+use zebu_proto::replica::replica_client::ReplicaClient;
+
+use super::{
+    GrpcDataPath, Membership, Mode, RangeLock, RebuildStatus, Replica, Volume, VolumeConfig,
+    connect_channel, control_client,
+};
+
+/// How an engine starts.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    pub config: VolumeConfig,
+    /// Replica addresses (`host:port`).
+    pub replicas: Vec<String>,
+    /// Proceed with the best replicas available even when they cannot be shown current.
+    pub salvage: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("volume {volume}: no replica is reachable ({details})")]
+    NoneReachable { volume: String, details: String },
+    #[error(
+        "volume {volume}: the reachable replicas cannot be shown current ({details}); bring the \
+         missing replicas back, or start with --salvage to proceed with the best available"
+    )]
+    NotProvablyCurrent { volume: String, details: String },
+    #[error("volume {volume}: replica {addr}: {why}")]
+    Replica {
+        volume: String,
+        addr: String,
+        why: String,
+    },
+}
+
+/// What one replica told us at start.
+struct Probe {
+    addr: String,
+    channel: Channel,
+    info: pb::InfoResponse,
+}
+
+/// The snapshot names along the head's chain, oldest first.
+pub(super) fn chain_names(info: &pb::InfoResponse) -> Vec<String> {
+    let by_id: std::collections::HashMap<u64, &pb::LayerInfo> =
+        info.layers.iter().map(|l| (l.id, l)).collect();
+    let mut out = Vec::new();
+    let mut at = info
+        .layers
+        .iter()
+        .find(|l| l.head)
+        .and_then(|h| by_id.get(&h.parent).copied());
+    while let Some(l) = at {
+        out.push(l.name.clone());
+        if out.len() > info.layers.len() {
+            break;
+        }
+        at = by_id.get(&l.parent).copied();
+    }
+    out.reverse();
+    out
+}
+
+async fn probe(addr: &str, timeout: Duration) -> Result<Probe, String> {
+    let channel = connect_channel(addr, timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut c = control_client(channel.clone());
+    let info = tokio::time::timeout(timeout, c.info(pb::InfoRequest {}))
+        .await
+        .map_err(|_| format!("no answer to Info within {timeout:?}"))?
+        .map_err(|s| format!("Info failed: {}", s.message()))?
+        .into_inner();
+    if !info.open {
+        return Err("the replica is closed".into());
+    }
+    Ok(Probe {
+        addr: addr.to_string(),
+        channel,
+        info,
+    })
+}
+
+impl Volume {
+    /// Starts a volume on `opts.replicas`; see the module comment. Returns the volume and the
+    /// addresses of replicas that are not current (to rebuild).
+    pub async fn start(opts: StartOptions) -> Result<(Arc<Volume>, Vec<String>), StartError> {
+        let volume = opts.config.name.clone();
+        let timeout = opts.config.io_timeout;
+        let probes =
+            futures::future::join_all(opts.replicas.iter().map(|a| probe(a, timeout))).await;
+        let mut reachable = Vec::new();
+        let mut problems = Vec::new();
+        for (addr, p) in opts.replicas.iter().zip(probes) {
+            match p {
+                Ok(p) if p.info.size != opts.config.size => problems.push(format!(
+                    "{addr}: size {} differs from the volume size {}",
+                    p.info.size, opts.config.size
+                )),
+                Ok(p) => reachable.push(p),
+                Err(why) => problems.push(format!("{addr}: unreachable: {why}")),
+            }
+        }
+        if reachable.is_empty() {
+            return Err(StartError::NoneReachable {
+                volume,
+                details: problems.join("; "),
+            });
+        }
+        let top = reachable.iter().map(|p| p.info.epoch).max().unwrap_or(0);
+        let (current, stale): (Vec<Probe>, Vec<Probe>) = if top == 0 {
+            // No engine ever served these replicas: all are equally current.
+            (reachable, Vec::new())
+        } else {
+            let members: BTreeSet<String> = reachable
+                .iter()
+                .filter(|p| p.info.epoch == top)
+                .flat_map(|p| p.info.epoch_members.iter().cloned())
+                .collect();
+            let (cur, rest): (Vec<Probe>, Vec<Probe>) = reachable
+                .into_iter()
+                .partition(|p| p.info.epoch == top && members.contains(&p.info.replica_id));
+            let present: BTreeSet<&String> = cur.iter().map(|p| &p.info.replica_id).collect();
+            let missing: Vec<&String> = members.iter().filter(|m| !present.contains(m)).collect();
+            if !missing.is_empty() {
+                let mut details: Vec<String> = missing
+                    .iter()
+                    .map(|m| {
+                        format!(
+                            "member {m} of epoch {top} is not among the reachable current replicas"
+                        )
+                    })
+                    .collect();
+                details.extend(rest.iter().map(|p| {
+                    format!(
+                        "{} (id {}) is at epoch {}, not a member of epoch {top}",
+                        p.addr, p.info.replica_id, p.info.epoch
+                    )
+                }));
+                details.extend(problems.iter().cloned());
+                if !opts.salvage {
+                    return Err(StartError::NotProvablyCurrent {
+                        volume,
+                        details: details.join("; "),
+                    });
+                }
+                tracing::warn!(%volume, "SALVAGE requested: serving from {} of {} members of epoch {top} ({})",
+                    cur.len(), members.len(), details.join("; "));
+            }
+            (cur, rest)
+        };
+        let (current, mut stale_addrs) = settle_chains(&volume, current).await?;
+        stale_addrs.extend(stale.into_iter().map(|p| p.addr));
+        stale_addrs.extend(
+            opts.replicas
+                .iter()
+                .filter(|a| problems.iter().any(|p| p.starts_with(&format!("{a}:"))))
+                .cloned(),
+        );
+
+        let generation = current.iter().map(|p| p.info.generation).max().unwrap_or(0) + 1;
+        let mut replicas = Vec::new();
+        for p in &current {
+            let data = GrpcDataPath::open(p.channel.clone(), generation, timeout)
+                .await
+                .map_err(|e| StartError::Replica {
+                    volume: volume.clone(),
+                    addr: p.addr.clone(),
+                    why: e.to_string(),
+                })?;
+            replicas.push(Arc::new(Replica {
+                addr: p.addr.clone(),
+                id: p.info.replica_id.clone(),
+                mode: Mutex::new((Mode::RW, "current at start".into())),
+                data: Arc::new(data),
+                control: control_client(p.channel.clone()),
+                inflight: AtomicUsize::new(0),
+                local: is_local(&p.addr, &opts.config.local_hosts),
+            }));
+        }
+        let flush = current
+            .iter()
+            .map(|p| p.info.flush_number)
+            .max()
+            .unwrap_or(0);
+        let v = Arc::new(Volume {
+            size: AtomicU64::new(opts.config.size),
+            config: opts.config,
+            generation,
+            replicas: RwLock::new(replicas),
+            next_id: AtomicU64::new(1),
+            ranges: RangeLock::new(),
+            gate: tokio::sync::RwLock::new(()),
+            membership: tokio::sync::Mutex::new(Membership {
+                epoch: top,
+                members: Vec::new(),
+            }),
+            membership_dirty: AtomicBool::new(true),
+            flush_number: AtomicU64::new(flush),
+            flush_lock: tokio::sync::Mutex::new(()),
+            rebuild: Mutex::new(RebuildStatus::default()),
+            ops: tokio::sync::Mutex::new(()),
+        });
+        v.reconcile(&current)
+            .await
+            .map_err(|why| StartError::Replica {
+                volume: volume.clone(),
+                addr: "(reconcile)".into(),
+                why,
+            })?;
+        v.flush_all().await.map_err(|e| StartError::Replica {
+            volume: volume.clone(),
+            addr: "(flush)".into(),
+            why: e.to_string(),
+        })?;
+        v.commit_membership()
+            .await
+            .map_err(|e| StartError::Replica {
+                volume: volume.clone(),
+                addr: "(epoch)".into(),
+                why: e.to_string(),
+            })?;
+        tracing::info!(%volume, generation, replicas = v.replicas().len(), ?stale_addrs, "volume started");
+        Ok((v, stale_addrs))
+    }
+
+    /// Makes the current replicas identical in every region that may differ.
+    async fn reconcile(&self, current: &[Probe]) -> Result<(), String> {
+        if current.len() < 2 {
+            return Ok(());
+        }
+        let oldest = current
+            .iter()
+            .map(|p| p.info.flush_number)
+            .min()
+            .unwrap_or(0);
+        let mut regions = BTreeSet::new();
+        let mut region_size = 0;
+        for p in current {
+            let mut c = control_client(p.channel.clone());
+            let r = c
+                .written_since(pb::WrittenSinceRequest { flush: oldest })
+                .await
+                .map_err(|s| format!("{}: WrittenSince: {}", p.addr, s.message()))?
+                .into_inner();
+            region_size = r.region_size;
+            regions.extend(r.regions);
+        }
+        if regions.is_empty() || region_size == 0 {
+            return Ok(());
+        }
+        let reps = self.replicas();
+        let source_addr = current
+            .iter()
+            .max_by_key(|p| p.info.flush_number)
+            .map(|p| p.addr.clone())
+            .unwrap_or_default();
+        let source = reps
+            .iter()
+            .find(|r| r.addr == source_addr)
+            .cloned()
+            .ok_or("source vanished")?;
+        let others: Vec<Arc<Replica>> = reps
+            .iter()
+            .filter(|r| r.addr != source_addr)
+            .cloned()
+            .collect();
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        let mut copied = 0u64;
+        for r in &regions {
+            let start = r * region_size;
+            if start >= size {
+                continue;
+            }
+            let len = region_size.min(size - start);
+            let want = checksum(&source, start, len).await?;
+            for o in &others {
+                if checksum(o, start, len).await? == want {
+                    continue;
+                }
+                let data = source
+                    .data
+                    .read(self.next_id(), start, len)
+                    .await
+                    .map_err(|e| format!("{}: {e}", source.addr))?;
+                o.data
+                    .write(self.next_id(), start, data)
+                    .await
+                    .map_err(|e| format!("{}: {e}", o.addr))?;
+                copied += len;
+            }
+        }
+        tracing::info!(volume = %self.config.name, regions = regions.len(), copied, source = %source_addr,
+            "reconciled regions written since flush {oldest}");
+        Ok(())
+    }
+}
+
+async fn checksum(r: &Replica, offset: u64, len: u64) -> Result<u32, String> {
+    let mut c = r.control();
+    let resp = c
+        .checksums(pb::ChecksumsRequest {
+            offset,
+            length: len,
+            block_size: len.div_ceil(4096) * 4096,
+        })
+        .await
+        .map_err(|s| format!("{}: Checksums: {}", r.addr, s.message()))?
+        .into_inner();
+    resp.crc32c
+        .first()
+        .copied()
+        .ok_or_else(|| format!("{}: empty checksum answer", r.addr))
+}
+
+/// Current replicas must have the same snapshot chain. One that lacks only the newest
+/// snapshot of the others (an engine died while taking it, after I/O was quiesced) gets it;
+/// any other difference makes a replica stale.
+async fn settle_chains(
+    volume: &str,
+    current: Vec<Probe>,
+) -> Result<(Vec<Probe>, Vec<String>), StartError> {
+    let longest = current
+        .iter()
+        .map(|p| chain_names(&p.info))
+        .max_by_key(|c| c.len())
+        .unwrap_or_default();
+    // How the newest snapshot was taken, to take it again the same way where it is missing.
+    let template = longest.last().and_then(|name| {
+        current
+            .iter()
+            .flat_map(|p| p.info.layers.iter())
+            .find(|l| &l.name == name)
+            .cloned()
+    });
+    let mut keep = Vec::new();
+    let mut stale = Vec::new();
+    for mut p in current {
+        let names = chain_names(&p.info);
+        if names == longest {
+            keep.push(p);
+        } else if names.len() + 1 == longest.len() && longest.starts_with(&names) {
+            let t = template.clone().unwrap_or_default();
+            tracing::warn!(volume, replica = %p.addr, snapshot = %t.name, "completing a snapshot an earlier engine left half taken");
+            let mut c: ReplicaClient<Channel> = control_client(p.channel.clone());
+            let req = pb::SnapshotCreateRequest {
+                name: t.name,
+                user_created: t.user_created,
+                labels: t.labels,
+            };
+            match c.snapshot_create(req).await {
+                Ok(info) => {
+                    p.info = info.into_inner();
+                    keep.push(p);
+                }
+                Err(s) => {
+                    tracing::warn!(volume, replica = %p.addr, "cannot complete the snapshot: {}", s.message());
+                    stale.push(p.addr);
+                }
+            }
+        } else {
+            tracing::warn!(volume, replica = %p.addr, ?names, ?longest, "snapshot chain differs; treating the replica as stale");
+            stale.push(p.addr);
+        }
+    }
+    if keep.is_empty() {
+        return Err(StartError::NotProvablyCurrent {
+            volume: volume.into(),
+            details: "no two replicas agree on the snapshot chain".into(),
+        });
+    }
+    Ok((keep, stale))
+}
+
+pub(super) fn is_local(addr: &str, local_hosts: &[String]) -> bool {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    local_hosts.iter().any(|h| h == host)
+}
