@@ -23,6 +23,7 @@
 //! [`connect`] gives a gRPC client with the message limits raised; [`DataStream`] opens a
 //! data stream, sends requests with ids and matches responses by id in any order.
 
+pub mod engine;
 pub mod model;
 
 use std::collections::HashMap;

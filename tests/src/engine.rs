@@ -1,0 +1,1 @@
+//! Starting and driving zebu-engine processes in tests (to be written).
