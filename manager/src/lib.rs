@@ -8,6 +8,8 @@
 //! - [`size`]: `10G`-style sizes shared by the API and the CLI.
 
 pub mod resources;
+pub mod scheduler;
+pub mod settings;
 pub mod size;
 pub mod store;
 pub mod time;
