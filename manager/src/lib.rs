@@ -7,6 +7,8 @@
 //! - [`scheduler`]: a pure function that places replicas on node disks.
 //! - [`size`]: `10G`-style sizes shared by the API and the CLI.
 
+pub mod agent;
+pub mod api;
 pub mod resources;
 pub mod scheduler;
 pub mod settings;
