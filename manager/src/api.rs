@@ -259,13 +259,13 @@ async fn get_volume<S: Store>(
             };
             futures::future::ready(line.map(Ok))
         });
-    Ok(Response::builder()
+    Response::builder()
         .header("content-type", "application/x-ndjson")
         .body(Body::from_stream(first.chain(events)))
         .map_err(|e| ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: e.to_string(),
-        })?)
+        })
 }
 
 fn json_line(v: &Value) -> Vec<u8> {
