@@ -1,0 +1,32 @@
+//! `zebu`: the command line of Zebu; see [`zebu_manager::cli`].
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match zebu_manager::cli::parse_args() {
+        Ok(cli) => cli,
+        Err(code) => return ExitCode::from(code),
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ZEBU_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("zebu: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(zebu_manager::cli::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("zebu: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! The `zebu` command line: `zebu up` runs a one-host cluster in the
+//! foreground; every other command is a REST call to a running manager.
+//!
+//! Bad input gets one line on stderr and exit code 2 (argument errors) or 1
+//! (the API refused or could not be reached); `-o json|yaml` prints the
+//! objects exactly as the API returns them, `-o table` a summary.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use hyper::Method;
+use serde_json::{Value, json};
+
+use crate::agent::{AgentConfig, NodeAgent};
+use crate::client::Client;
+use crate::resources::{Frontend, Node, Volume};
+use crate::size::ByteSize;
+use crate::store::EmbeddedStore;
+
+#[derive(Debug, Parser)]
+#[command(name = "zebu", about = "Zebu replicated block storage", version)]
+pub struct Cli {
+    /// The manager's API address.
+    #[arg(
+        long,
+        global = true,
+        env = "ZEBU_API",
+        default_value = "http://127.0.0.1:9500"
+    )]
+    pub api: String,
+    /// Output format.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the manager API and N node agents on this host, in the foreground.
+    Up {
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=200))]
+        nodes: u8,
+        #[arg(long, default_value = "./zebu-data")]
+        data_dir: PathBuf,
+        /// Where the API listens (port 0 picks a free port).
+        #[arg(long, default_value = "127.0.0.1:9500")]
+        listen: SocketAddr,
+    },
+    /// Nodes.
+    #[command(subcommand)]
+    Node(NodeCmd),
+    /// Volumes.
+    #[command(subcommand)]
+    Volume(VolumeCmd),
+    /// Snapshots of a volume.
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCmd {
+    /// List nodes.
+    Ls,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VolumeCmd {
+    /// Create a volume.
+    Create {
+        name: String,
+        /// Size: 10G, 512M, 1Ti or bytes.
+        #[arg(long)]
+        size: ByteSize,
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]
+        replicas: Option<u32>,
+        #[arg(long, value_enum)]
+        frontend: Option<FrontendArg>,
+    },
+    /// List volumes.
+    Ls,
+    /// Show one volume.
+    Get {
+        name: String,
+        /// Keep printing it as it changes.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Attach a volume to a node.
+    Attach {
+        name: String,
+        #[arg(long)]
+        node: Option<String>,
+    },
+    /// Detach a volume.
+    Detach { name: String },
+    /// Delete a volume.
+    Delete { name: String },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum FrontendArg {
+    Iscsi,
+    Nbd,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCmd {
+    /// Take a snapshot.
+    Create {
+        volume: String,
+        name: Option<String>,
+    },
+    /// List snapshots.
+    Ls { volume: String },
+    /// Remove a snapshot.
+    Rm { volume: String, name: String },
+}
+
+/// Parse arguments; on error print one line and return the exit code.
+pub fn parse_args() -> Result<Cli, u8> {
+    match Cli::try_parse() {
+        Ok(cli) => Ok(cli),
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                let _ = e.print();
+                return Err(
+                    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                        2
+                    } else {
+                        0
+                    },
+                );
+            }
+            let text = e.to_string();
+            let line = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
+            eprintln!("zebu: {}", line.trim_start_matches("error: "));
+            Err(2)
+        }
+    }
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let client = Client::new(&cli.api);
+    let out = cli.output;
+    match cli.command {
+        Command::Up {
+            nodes,
+            data_dir,
+            listen,
+        } => up(nodes, data_dir, listen).await,
+        Command::Node(NodeCmd::Ls) => {
+            let v = client.call(Method::GET, "/v1/nodes", None).await?;
+            print_items(out, &v, node_table)
+        }
+        Command::Volume(cmd) => volume(&client, out, cmd).await,
+        Command::Snapshot(cmd) => {
+            let (method, path, body) = match &cmd {
+                SnapshotCmd::Create { volume, name } => (
+                    Method::POST,
+                    format!("/v1/volumes/{volume}/snapshots"),
+                    Some(json!({ "name": name })),
+                ),
+                SnapshotCmd::Ls { volume } => {
+                    (Method::GET, format!("/v1/volumes/{volume}/snapshots"), None)
+                }
+                SnapshotCmd::Rm { volume, name } => (
+                    Method::DELETE,
+                    format!("/v1/volumes/{volume}/snapshots/{name}"),
+                    None,
+                ),
+            };
+            let v = client.call(method, &path, body.as_ref()).await?;
+            print_value(out, &v)
+        }
+    }
+}
+
+async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Result<()> {
+    match cmd {
+        VolumeCmd::Create {
+            name,
+            size,
+            replicas,
+            frontend,
+        } => {
+            let mut body = json!({ "name": name, "size": size.bytes() });
+            if let Some(r) = replicas {
+                body["numberOfReplicas"] = json!(r);
+            }
+            if let Some(f) = frontend {
+                body["frontend"] = json!(match f {
+                    FrontendArg::Iscsi => Frontend::Iscsi,
+                    FrontendArg::Nbd => Frontend::Nbd,
+                });
+            }
+            let v = client
+                .call(Method::POST, "/v1/volumes", Some(&body))
+                .await?;
+            print_one(out, &v, volume_table)
+        }
+        VolumeCmd::Ls => {
+            let v = client.call(Method::GET, "/v1/volumes", None).await?;
+            print_items(out, &v, volume_table)
+        }
+        VolumeCmd::Get { name, watch: false } => {
+            let v = client
+                .call(Method::GET, &format!("/v1/volumes/{name}"), None)
+                .await?;
+            print_one(out, &v, volume_table)
+        }
+        VolumeCmd::Get { name, watch: true } => {
+            let mut failure = None;
+            client
+                .stream_lines(&format!("/v1/volumes/{name}?watch=true"), |ev| {
+                    if ev["type"] == "Error" {
+                        failure = Some(ev["error"].as_str().unwrap_or("watch failed").to_string());
+                        return false;
+                    }
+                    let r = print_one(out, &ev["object"], volume_table);
+                    r.is_ok() && ev["type"] != "Deleted"
+                })
+                .await?;
+            if let Some(f) = failure {
+                bail!(f);
+            }
+            Ok(())
+        }
+        VolumeCmd::Attach { name, node } => {
+            let v = client
+                .call(
+                    Method::POST,
+                    &format!("/v1/volumes/{name}/attach"),
+                    Some(&json!({ "node": node })),
+                )
+                .await?;
+            print_one(out, &v, volume_table)
+        }
+        VolumeCmd::Detach { name } => {
+            let v = client
+                .call(Method::POST, &format!("/v1/volumes/{name}/detach"), None)
+                .await?;
+            print_one(out, &v, volume_table)
+        }
+        VolumeCmd::Delete { name } => {
+            let v = client
+                .call(Method::DELETE, &format!("/v1/volumes/{name}"), None)
+                .await?;
+            match out {
+                Output::Table => {
+                    println!("volume {name} deleted");
+                    Ok(())
+                }
+                _ => print_value(out, &v),
+            }
+        }
+    }
+}
+
+fn print_value(out: Output, v: &Value) -> anyhow::Result<()> {
+    match out {
+        Output::Json | Output::Table => println!("{}", serde_json::to_string_pretty(v)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(v)?),
+    }
+    std::io::stdout().flush()?;
+    Ok(())
+}
+
+fn print_one(
+    out: Output,
+    v: &Value,
+    table: fn(&[Value]) -> anyhow::Result<String>,
+) -> anyhow::Result<()> {
+    match out {
+        Output::Table => {
+            print!("{}", table(std::slice::from_ref(v))?);
+            std::io::stdout().flush()?;
+            Ok(())
+        }
+        _ => print_value(out, v),
+    }
+}
+
+fn print_items(
+    out: Output,
+    v: &Value,
+    table: fn(&[Value]) -> anyhow::Result<String>,
+) -> anyhow::Result<()> {
+    match out {
+        Output::Table => {
+            let items = v["items"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+            print!("{}", table(items)?);
+            Ok(())
+        }
+        _ => print_value(out, v),
+    }
+}
+
+/// Columns padded to their widest cell.
+fn render(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut s = String::new();
+    let line = |cells: Vec<&str>, s: &mut String| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        s.push_str(parts.join("  ").trim_end());
+        s.push('\n');
+    };
+    line(header.to_vec(), &mut s);
+    for r in &rows {
+        line(r.iter().map(String::as_str).collect(), &mut s);
+    }
+    s
+}
+
+fn volume_table(items: &[Value]) -> anyhow::Result<String> {
+    let mut rows = Vec::new();
+    for item in items {
+        let v: Volume = serde_json::from_value(item.clone()).context("decoding a volume")?;
+        rows.push(vec![
+            v.metadata.name.clone(),
+            v.spec.size.to_string(),
+            v.spec.number_of_replicas.to_string(),
+            v.spec.frontend.to_string(),
+            serde_json::to_value(v.status.state)?
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+            serde_json::to_value(v.status.robustness)?
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+            v.spec.node_id.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    Ok(render(
+        &[
+            "NAME",
+            "SIZE",
+            "REPLICAS",
+            "FRONTEND",
+            "STATE",
+            "ROBUSTNESS",
+            "NODE",
+        ],
+        rows,
+    ))
+}
+
+fn node_table(items: &[Value]) -> anyhow::Result<String> {
+    let mut rows = Vec::new();
+    for item in items {
+        let n: Node = serde_json::from_value(item.clone()).context("decoding a node")?;
+        let (max, avail) = n.status.disk_status.values().fold((0, 0), |(m, a), d| {
+            (
+                m + d.storage_maximum.bytes(),
+                a + d.storage_available.bytes(),
+            )
+        });
+        rows.push(vec![
+            n.metadata.name.clone(),
+            n.spec.address.clone(),
+            if n.is_ready() { "True" } else { "False" }.into(),
+            n.spec.disks.len().to_string(),
+            ByteSize(avail).approx(),
+            ByteSize(max).approx(),
+        ]);
+    }
+    Ok(render(
+        &["NAME", "ADDRESS", "READY", "DISKS", "AVAILABLE", "MAXIMUM"],
+        rows,
+    ))
+}
+
+/// `zebu up`: the store, the API and the node agents, until Ctrl-C/SIGTERM.
+async fn up(nodes: u8, data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    let data_dir = data_dir
+        .canonicalize()
+        .with_context(|| format!("resolving {}", data_dir.display()))?;
+    let db = data_dir.join("zebu.redb");
+    let store = Arc::new(
+        EmbeddedStore::open(&db).with_context(|| format!("opening store {}", db.display()))?,
+    );
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding the API to {listen}"))?;
+    let addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut agents = Vec::new();
+    for i in 1..=nodes {
+        let name = format!("node-{i}");
+        let cfg = AgentConfig {
+            node: name.clone(),
+            address: format!("127.0.0.{}", 10 + u32::from(i)),
+            disks: BTreeMap::from([("disk-0".to_string(), data_dir.join(&name).join("disk-0"))]),
+            heartbeat: Duration::from_secs(2),
+        };
+        let agent = NodeAgent::new(store.clone(), cfg);
+        agent
+            .register()
+            .await
+            .with_context(|| format!("registering {name}"))?;
+        agents.push(tokio::spawn(agent.run(stop_rx.clone())));
+    }
+    println!("zebu API listening on http://{addr}");
+    println!(
+        "data in {}, {nodes} nodes; Ctrl-C stops everything",
+        data_dir.display()
+    );
+    std::io::stdout().flush()?;
+    let app = crate::api::router(store.clone());
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("serving the API")?;
+    let _ = stop_tx.send(true);
+    for a in agents {
+        match a.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("{e}"),
+            Err(e) => tracing::warn!("node agent task failed: {e}"),
+        }
+    }
+    eprintln!("zebu: stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}

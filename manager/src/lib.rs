@@ -1,0 +1,34 @@
+//! `zebu-manager`: the control plane of Zebu.
+//!
+//! - [`resources`]: Volume, Engine, Replica, Node, Setting — Kubernetes-shaped
+//!   objects (`spec` wanted, `status` observed).
+//! - [`store`]: the small store trait controllers are written against, and the
+//!   embedded one-file implementation on redb.
+//! - [`scheduler`]: a pure function that places replicas on node disks.
+//! - [`settings`]: the typed view of Setting objects, with defaults.
+//! - [`api`]: the REST API (axum); [`client`] and [`cli`]: the `zebu` CLI.
+//! - [`agent`]: the node agent (registers its Node, heartbeats disk capacity).
+//! - [`size`]: `10G`-style sizes shared by the API and the CLI.
+//!
+//! Controllers read and write only through [`store::Store`]; the REST API
+//! writes `spec`, agents and controllers write `status`.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use zebu_manager::store::{EmbeddedStore, TypedStore};
+//! use zebu_manager::resources::Volume;
+//! let store = EmbeddedStore::open("/var/lib/zebu/zebu.redb")?;
+//! let volumes: Vec<Volume> = store.list_as().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod agent;
+pub mod api;
+pub mod cli;
+pub mod client;
+pub mod resources;
+pub mod scheduler;
+pub mod settings;
+pub mod size;
+pub mod store;
+pub mod time;

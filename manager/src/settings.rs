@@ -1,0 +1,133 @@
+//! Typed view of the Setting resources.
+//!
+//! Settings are stored one object per name (`spec.value` a string), as in
+//! Longhorn, so an operator can change one with one write. [`Settings`] is
+//! what code reads: every known name with its default, parsed once; an
+//! unknown name or an unparsable value is an error that names the setting.
+
+use crate::resources::Setting;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Allow two replicas of a volume on one node when nothing else fits.
+    pub replica_soft_anti_affinity: bool,
+    /// Allow two replicas in one zone when nothing else fits.
+    pub replica_zone_soft_anti_affinity: bool,
+    /// Allow two replicas on one disk when nothing else fits.
+    pub replica_disk_soft_anti_affinity: bool,
+    /// Scheduled replica sizes may add up to this percentage of a disk's
+    /// usable capacity (thin provisioning).
+    pub storage_over_provisioning_percentage: u64,
+    /// A disk with less than this percentage of its capacity actually free
+    /// takes no new replicas.
+    pub storage_minimal_available_percentage: u64,
+    pub default_replica_count: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            replica_soft_anti_affinity: false,
+            replica_zone_soft_anti_affinity: true,
+            replica_disk_soft_anti_affinity: true,
+            storage_over_provisioning_percentage: 100,
+            storage_minimal_available_percentage: 25,
+            default_replica_count: 3,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    #[error("unknown setting {0:?}")]
+    Unknown(String),
+    #[error("setting {name:?}: invalid value {value:?}: {why}")]
+    Invalid {
+        name: String,
+        value: String,
+        why: &'static str,
+    },
+}
+
+impl Settings {
+    /// Defaults overridden by the stored Setting objects.
+    pub fn from_objects(objects: &[Setting]) -> Result<Settings, SettingError> {
+        let mut s = Settings::default();
+        for o in objects {
+            s.set(&o.metadata.name, &o.spec.value)?;
+        }
+        Ok(s)
+    }
+
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), SettingError> {
+        let invalid = |why| SettingError::Invalid {
+            name: name.to_string(),
+            value: value.to_string(),
+            why,
+        };
+        let boolean = || {
+            value
+                .parse::<bool>()
+                .map_err(|_| invalid("expected true or false"))
+        };
+        let percent = |max: u64| {
+            value
+                .parse::<u64>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| invalid("expected a whole percentage in range"))
+        };
+        match name {
+            "replica-soft-anti-affinity" => self.replica_soft_anti_affinity = boolean()?,
+            "replica-zone-soft-anti-affinity" => self.replica_zone_soft_anti_affinity = boolean()?,
+            "replica-disk-soft-anti-affinity" => self.replica_disk_soft_anti_affinity = boolean()?,
+            "storage-over-provisioning-percentage" => {
+                self.storage_over_provisioning_percentage = percent(10_000)?
+            }
+            "storage-minimal-available-percentage" => {
+                self.storage_minimal_available_percentage = percent(100)?
+            }
+            "default-replica-count" => {
+                self.default_replica_count = value
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=20).contains(n))
+                    .ok_or_else(|| invalid("expected 1 to 20"))?
+            }
+            _ => return Err(SettingError::Unknown(name.to_string())),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::SettingSpec;
+
+    #[test]
+    fn stored_settings_override_defaults_and_bad_values_name_the_setting() {
+        let objs = vec![Setting::new(
+            "storage-over-provisioning-percentage",
+            SettingSpec {
+                value: "200".into(),
+            },
+        )];
+        let s = Settings::from_objects(&objs).expect("valid");
+        assert_eq!(s.storage_over_provisioning_percentage, 200);
+        assert_eq!(s.storage_minimal_available_percentage, 25);
+        let mut s = Settings::default();
+        let e = s
+            .set("replica-soft-anti-affinity", "yes")
+            .expect_err("bad bool");
+        assert!(e.to_string().contains("replica-soft-anti-affinity"), "{e}");
+        assert!(
+            s.set("storage-minimal-available-percentage", "101")
+                .is_err()
+        );
+        assert_eq!(
+            s.set("nope", "1"),
+            Err(SettingError::Unknown("nope".into()))
+        );
+    }
+}

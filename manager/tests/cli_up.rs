@@ -1,0 +1,193 @@
+//! End to end: `zebu up` as a real process with three node agents, driven by
+//! the real `zebu` CLI over HTTP on loopback.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const ZEBU: &str = env!("CARGO_BIN_EXE_zebu");
+
+struct Up(Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn zebu(api: &str, args: &[&str]) -> Output {
+    Command::new(ZEBU)
+        .args(args)
+        .env("ZEBU_API", api)
+        .output()
+        .expect("run zebu")
+}
+
+fn ok_json(api: &str, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    let out = zebu(api, &all);
+    assert!(
+        out.status.success(),
+        "zebu {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("json output")
+}
+
+/// The exit code and the stderr, which must be exactly one line.
+fn fails(api: &str, args: &[&str]) -> (i32, String) {
+    let out = zebu(api, args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "zebu {args:?} should fail");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
+    (out.status.code().unwrap_or(-1), err)
+}
+
+#[test]
+fn up_serves_the_api_and_the_cli_drives_volumes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(ZEBU)
+        .args([
+            "up",
+            "--nodes",
+            "3",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn zebu up");
+    let stdout = child.stdout.take().expect("stdout");
+    let up = Up(child);
+    let mut first = String::new();
+    BufReader::new(stdout).read_line(&mut first).expect("read");
+    let api = first
+        .trim()
+        .strip_prefix("zebu API listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_string();
+
+    // Three nodes with their own loopback addresses and real disk numbers.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let nodes = loop {
+        let nodes = ok_json(&api, &["node", "ls"]);
+        let items = nodes["items"].as_array().cloned().unwrap_or_default();
+        let ready = items.iter().all(|n| {
+            n["status"]["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+        });
+        if items.len() == 3 && ready {
+            break items;
+        }
+        assert!(Instant::now() < deadline, "nodes not ready: {nodes}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let addrs: Vec<_> = nodes.iter().map(|n| n["spec"]["address"].clone()).collect();
+    assert_eq!(addrs, ["127.0.0.11", "127.0.0.12", "127.0.0.13"]);
+    assert!(nodes[0]["status"]["diskStatus"]["disk-0"]["storageMaximum"].as_u64() > Some(0));
+    assert!(dir.path().join("node-2/disk-0").is_dir());
+
+    let v = ok_json(
+        &api,
+        &[
+            "volume",
+            "create",
+            "db",
+            "--size",
+            "10G",
+            "--frontend",
+            "nbd",
+        ],
+    );
+    assert_eq!(v["spec"]["size"], 10u64 << 30);
+    assert_eq!(v["spec"]["numberOfReplicas"], 3, "default replica count");
+    assert_eq!(v["spec"]["frontend"], "nbd");
+
+    let (code, err) = fails(&api, &["volume", "create", "db", "--size", "1G"]);
+    assert_eq!(
+        (code, err.trim()),
+        (1, "zebu: Volume \"db\" already exists")
+    );
+    let (code, err) = fails(&api, &["volume", "create", "x", "--size", "10X"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown unit \"X\""), "{err}");
+    let (_, err) = fails(
+        &api,
+        &["volume", "create", "x", "--size", "1G", "--replicas", "0"],
+    );
+    assert!(err.contains("--replicas"), "{err}");
+    let (_, err) = fails(&api, &["volume", "create", "x", "--size", "1000"]);
+    assert!(err.contains("not a multiple of 4 KiB"), "{err}");
+    let (_, err) = fails(&api, &["volume", "attach", "db", "--node", "node-9"]);
+    assert!(err.contains("node \"node-9\" does not exist"), "{err}");
+    let (code, err) = fails(&api, &["volume", "get", "nope"]);
+    assert_eq!((code, err.trim()), (1, "zebu: volume \"nope\" not found"));
+
+    let v = ok_json(&api, &["volume", "attach", "db", "--node", "node-2"]);
+    assert_eq!(v["spec"]["nodeId"], "node-2");
+    let (_, err) = fails(&api, &["volume", "attach", "db", "--node", "node-3"]);
+    assert!(err.contains("already attached to node-2"), "{err}");
+    let list = ok_json(&api, &["volume", "ls"]);
+    assert_eq!(list["items"][0]["metadata"]["name"], "db");
+    let yaml = zebu(&api, &["volume", "get", "db", "-o", "yaml"]);
+    let text = String::from_utf8_lossy(&yaml.stdout);
+    assert!(
+        text.contains("kind: Volume") && text.contains("nodeId: node-2"),
+        "{text}"
+    );
+    let table = zebu(&api, &["volume", "ls"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.starts_with("NAME"), "{text}");
+    assert!(text.contains("10 GiB") && text.contains("node-2"), "{text}");
+
+    // `get --watch` prints the current state, then the change made by detach.
+    let mut watch = Command::new(ZEBU)
+        .args(["volume", "get", "db", "--watch", "-o", "json"])
+        .env("ZEBU_API", &api)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("watch");
+    let mut lines = BufReader::new(watch.stdout.take().expect("stdout")).lines();
+    let mut seen = String::new();
+    while !seen.contains("\"nodeId\"") {
+        seen.push_str(&lines.next().expect("line").expect("read"));
+    }
+    ok_json(&api, &["volume", "detach", "db"]);
+    ok_json(&api, &["volume", "delete", "db"]);
+    // The watch ends by itself when the volume is deleted.
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = watch.wait().expect("watch exits");
+    assert!(status.success());
+    assert!(
+        rest.iter().filter(|l| l.trim() == "}").count() >= 2,
+        "{rest:?}"
+    );
+    let (code, _) = fails(&api, &["volume", "get", "db"]);
+    assert_eq!(code, 1);
+
+    // SIGINT stops everything cleanly.
+    let pid = nix::unistd::Pid::from_raw(up.0.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    let mut up = up;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = up.0.try_wait().expect("wait") {
+            assert!(status.success(), "{status:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "zebu up did not stop on SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, err) = fails(&api, &["volume", "ls"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot reach the zebu API"), "{err}");
+}
