@@ -372,7 +372,13 @@ impl DataStream {
     }
 
     pub async fn unmap(&mut self, offset: u64, length: u64) -> anyhow::Result<()> {
-        let r = self.call(Op::Unmap(UnmapOp { offset, length })).await?;
+        let r = self
+            .call(Op::Unmap(UnmapOp {
+                offset,
+                length,
+                zero_fill: false,
+            }))
+            .await?;
         check(&r)
     }
 

@@ -170,6 +170,7 @@ async fn batch(s: &mut DataStream, model: &mut Model, rng: &mut StdRng, stamp: &
             Op::Unmap(UnmapOp {
                 offset: first * BLOCK,
                 length: count * BLOCK,
+                zero_fill: false,
             })
         } else {
             let data = blocks_data(first, count, this).into();

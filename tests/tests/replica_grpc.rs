@@ -100,6 +100,7 @@ async fn zero_length_requests_are_invalid() {
         .call(Op::Unmap(pb::UnmapOp {
             offset: 0,
             length: 0,
+            zero_fill: false,
         }))
         .await
         .unwrap();

@@ -47,7 +47,14 @@ pub enum PathError {
 pub trait DataPath: Send + Sync {
     fn read(&self, id: u64, offset: u64, len: u64) -> BoxFuture<'_, Result<Bytes, PathError>>;
     fn write(&self, id: u64, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), PathError>>;
-    fn unmap(&self, id: u64, offset: u64, len: u64) -> BoxFuture<'_, Result<(), PathError>>;
+    /// Deallocates (or, with `zero_fill`, writes zeros over) the range; it reads as zeros.
+    fn unmap(
+        &self,
+        id: u64,
+        offset: u64,
+        len: u64,
+        zero_fill: bool,
+    ) -> BoxFuture<'_, Result<(), PathError>>;
     /// Makes every write completed before it durable; returns the durable flush number.
     fn flush(&self, id: u64, number: u64) -> BoxFuture<'_, Result<u64, PathError>>;
     /// Ends the stream; requests in flight fail.
@@ -211,11 +218,24 @@ impl DataPath for GrpcDataPath {
         })
     }
 
-    fn unmap(&self, id: u64, offset: u64, length: u64) -> BoxFuture<'_, Result<(), PathError>> {
+    fn unmap(
+        &self,
+        id: u64,
+        offset: u64,
+        length: u64,
+        zero_fill: bool,
+    ) -> BoxFuture<'_, Result<(), PathError>> {
         Box::pin(async move {
-            self.call(id, Op::Unmap(pb::UnmapOp { offset, length }))
-                .await
-                .map(|_| ())
+            self.call(
+                id,
+                Op::Unmap(pb::UnmapOp {
+                    offset,
+                    length,
+                    zero_fill,
+                }),
+            )
+            .await
+            .map(|_| ())
         })
     }
 

@@ -92,6 +92,9 @@ pub struct Replica {
     control: ReplicaClient<Channel>,
     inflight: AtomicUsize,
     local: bool,
+    /// Set while a full rebuild copies older layers into this replica: its unmaps must write
+    /// zeros, since a hole in its head would let data copied below later show through.
+    zero_fill_unmaps: AtomicBool,
 }
 
 impl Replica {
@@ -278,7 +281,7 @@ impl Volume {
     /// Sends one mutating request to every RW and WO replica and applies the outcome rules.
     async fn replicate<F>(&self, what: &str, op: F) -> Result<(), BlockError>
     where
-        F: Fn(Arc<dyn DataPath>, u64) -> BoxFuture<'static, Result<(), PathError>>,
+        F: Fn(&Replica, u64) -> BoxFuture<'static, Result<(), PathError>>,
     {
         let targets = self.with_mode(&[Mode::RW, Mode::WO]);
         if !targets.iter().any(|r| r.mode() == Mode::RW) {
@@ -287,7 +290,7 @@ impl Volume {
         let id = self.next_id();
         let timeout = self.config.io_timeout;
         let results = futures::future::join_all(targets.iter().map(|r| {
-            let fut = op(r.data.clone(), id);
+            let fut = op(r, id);
             async move {
                 r.inflight.fetch_add(1, Ordering::Relaxed);
                 let res = tokio::time::timeout(timeout, fut).await;
@@ -322,8 +325,8 @@ impl Volume {
     async fn write_piece(&self, offset: u64, data: Bytes) -> Result<(), BlockError> {
         let _g = self.gate.read().await;
         let _r = self.ranges.lock(offset..offset + data.len() as u64).await;
-        self.replicate("write", |p, id| {
-            let data = data.clone();
+        self.replicate("write", |r, id| {
+            let (p, data) = (r.data.clone(), data.clone());
             Box::pin(async move { p.write(id, offset, data).await })
         })
         .await
@@ -332,8 +335,9 @@ impl Volume {
     async fn unmap_piece(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         let _g = self.gate.read().await;
         let _r = self.ranges.lock(offset..offset + len).await;
-        self.replicate("unmap", |p, id| {
-            Box::pin(async move { p.unmap(id, offset, len).await })
+        self.replicate("unmap", |r, id| {
+            let (p, zero) = (r.data.clone(), r.zero_fill_unmaps.load(Ordering::Acquire));
+            Box::pin(async move { p.unmap(id, offset, len, zero).await })
         })
         .await
     }
@@ -375,7 +379,8 @@ impl Volume {
     pub async fn flush_all(&self) -> Result<(), BlockError> {
         let _f = self.flush_lock.lock().await;
         let number = self.flush_number.load(Ordering::Acquire) + 1;
-        self.replicate("flush", |p, id| {
+        self.replicate("flush", |r, id| {
+            let p = r.data.clone();
             Box::pin(async move { p.flush(id, number).await.map(|_| ()) })
         })
         .await?;

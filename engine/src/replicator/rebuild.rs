@@ -166,6 +166,7 @@ impl Volume {
             control: control_client(channel),
             inflight: AtomicUsize::new(0),
             local: is_local(addr, &self.config.local_hosts),
+            zero_fill_unmaps: std::sync::atomic::AtomicBool::new(!catch_up),
         });
         {
             let _g = self.gate.write().await;
@@ -191,6 +192,7 @@ impl Volume {
         {
             let _g = self.gate.write().await;
             target.transition(self.name(), Mode::RW, "rebuild complete");
+            target.zero_fill_unmaps.store(false, Ordering::Release);
             self.membership_dirty.store(true, Ordering::Release);
         }
         self.commit_membership().await.map_err(|e| e.to_string())

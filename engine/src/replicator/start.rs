@@ -199,6 +199,7 @@ impl Volume {
                 control: control_client(p.channel.clone()),
                 inflight: AtomicUsize::new(0),
                 local: is_local(&p.addr, &opts.config.local_hosts),
+                zero_fill_unmaps: AtomicBool::new(false),
             }));
         }
         let flush = current

@@ -286,7 +286,12 @@ async fn run_op(
         }
         Op::Unmap(u) => {
             debug!(id, offset = u.offset, length = u.length, "unmap");
-            replica.unmap(u.offset, u.length).await.map(|()| ok(id))
+            let done = if u.zero_fill {
+                replica.zero_fill(u.offset, u.length).await
+            } else {
+                replica.unmap(u.offset, u.length).await
+            };
+            done.map(|()| ok(id))
         }
         Op::Flush(f) => {
             debug!(id, flush_number = f.flush_number, "flush");

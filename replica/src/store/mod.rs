@@ -425,13 +425,13 @@ impl Replica {
         }
     }
 
-    /// Validates an I/O range.
-    fn check_io(&self, offset: u64, len: u64) -> Result<()> {
+    /// Validates an I/O range; `payload` ranges (reads, writes) are also held to [`MAX_IO`].
+    fn check_io(&self, offset: u64, len: u64, payload: bool) -> Result<()> {
         self.check_open()?;
         if len == 0 {
             return Err(ReplicaError::Invalid("zero length".into()));
         }
-        if len > MAX_IO {
+        if payload && len > MAX_IO {
             return Err(ReplicaError::Invalid(format!(
                 "length {len} is over the limit of {MAX_IO} bytes"
             )));
@@ -450,7 +450,7 @@ impl Replica {
     /// Reads `len` bytes at `offset`, resolved through the chain (zeros where no layer has
     /// data). Any alignment; `len` > 0 and within the volume.
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes> {
-        self.check_io(offset, len)?;
+        self.check_io(offset, len, true)?;
         let _g = self.gate.read().await;
         self.check_open()?;
         let start = offset / BLOCK_SIZE * BLOCK_SIZE;
@@ -507,7 +507,7 @@ impl Replica {
     /// Writes `data` at `offset` into the head. Any alignment; unaligned is read-modify-write.
     pub async fn write(&self, offset: u64, data: Bytes) -> Result<()> {
         let len = data.len() as u64;
-        self.check_io(offset, len)?;
+        self.check_io(offset, len, true)?;
         if offset.is_multiple_of(BLOCK_SIZE) && len.is_multiple_of(BLOCK_SIZE) {
             let _g = self.gate.read().await;
             self.check_open()?;
@@ -545,7 +545,7 @@ impl Replica {
     /// Makes the range read as zeros, freeing space in the head where no snapshot holds data
     /// under it. Partial blocks at the edges are zeroed by writing.
     pub async fn unmap(&self, offset: u64, len: u64) -> Result<()> {
-        self.check_io(offset, len)?;
+        self.check_io(offset, len, false)?;
         let end = offset + len;
         let inner = offset.div_ceil(BLOCK_SIZE) * BLOCK_SIZE..end / BLOCK_SIZE * BLOCK_SIZE;
         if inner.start >= inner.end {
@@ -570,6 +570,22 @@ impl Replica {
         let _g = self.gate.read().await;
         self.check_open()?;
         self.unmap_aligned(inner).await
+    }
+
+    /// Makes the range read as zeros by writing zeros over all of it (see `UnmapOp.zero_fill`
+    /// in the proto: for a replica whose older layers are still being rebuilt).
+    pub async fn zero_fill(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_io(offset, len, false)?;
+        let end = offset + len;
+        let mut at = offset;
+        while at < end {
+            // Chunks end on block boundaries so only the first and last may be unaligned.
+            let next = ((at / CHUNK) + 1) * CHUNK;
+            let n = next.min(end) - at;
+            self.write(at, Bytes::from(vec![0u8; n as usize])).await?;
+            at += n;
+        }
+        Ok(())
     }
 
     /// Unmaps a block-aligned range of the head. The caller holds the gate.

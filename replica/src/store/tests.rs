@@ -334,6 +334,44 @@ fn bad_requests_are_refused_and_change_nothing() {
 }
 
 #[test]
+fn unmap_of_a_whole_large_volume_is_one_request() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), 256 << 20, io())
+            .await
+            .expect("create");
+        r.write(100 << 20, pattern(1, 8192)).await.expect("write");
+        r.snapshot_create("s", true, BTreeMap::new())
+            .await
+            .expect("snapshot");
+        r.write(200 << 20, pattern(2, 4096)).await.expect("write");
+        // What mkfs does first: discard everything, far more than one I/O's payload limit.
+        r.unmap(0, 256 << 20).await.expect("unmap everything");
+        assert!(
+            r.read(100 << 20, 8192)
+                .await
+                .expect("read")
+                .iter()
+                .all(|b| *b == 0)
+        );
+        assert!(
+            r.read(200 << 20, 4096)
+                .await
+                .expect("read")
+                .iter()
+                .all(|b| *b == 0)
+        );
+        // Zero-fill leaves data (zeros) in the head, so layers inserted below later stay hidden.
+        r.zero_fill(4096 * 3 + 100, 3 << 20)
+            .await
+            .expect("zero fill");
+        let head = r.list_extents(None, 0..256 << 20).await.expect("extents");
+        assert_eq!(head.first().map(|e| e.start), Some(4096 * 3));
+        assert!(head.iter().map(|e| e.end - e.start).sum::<u64>() >= 3 << 20);
+    });
+}
+
+#[test]
 fn generation_fencing_persists() {
     rt().block_on(async {
         let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
