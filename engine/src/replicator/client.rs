@@ -70,12 +70,13 @@ pub struct GrpcDataPath {
     closed: Arc<AtomicBool>,
 }
 
-/// Opens a channel to a replica at `addr` (`host:port`).
+/// Opens a channel to a replica at `addr` (`host:port`). No per-request timeout is set on
+/// the channel: data requests get the I/O timeout from the replicator, and control RPCs that
+/// move data (merges, layer copies) get their own, longer ones at the call site.
 pub async fn connect_channel(addr: &str, timeout: Duration) -> Result<Channel, PathError> {
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| PathError::Disconnected(format!("bad address {addr}: {e}")))?
         .connect_timeout(timeout)
-        .timeout(timeout * 4)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(timeout)

@@ -360,7 +360,14 @@ impl Volume {
                 .await
         });
         let mut source_err = None;
-        while let Some(chunk) = reader.next().await {
+        // A source that stops sending (hung, partitioned) must not stall the rebuild forever.
+        let stall = self.io_timeout() * 4;
+        loop {
+            let chunk = match tokio::time::timeout(stall, reader.next()).await {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                Err(_) => Err(tonic::Status::deadline_exceeded(format!("no data for {stall:?}"))),
+            };
             match chunk {
                 Ok(c) => {
                     let n = c.data.len() as u64;
