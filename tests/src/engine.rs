@@ -104,10 +104,7 @@ impl EngineProcess {
         cmd.args(["--control", "127.0.0.1:0"])
             .args(["--frontend", "nbd"])
             .args(["--nbd-listen", "127.0.0.1:0"])
-            .args([
-                "--io-timeout",
-                &format!("{}ms", cfg.io_timeout.as_millis()),
-            ]);
+            .args(["--io-timeout", &format!("{}ms", cfg.io_timeout.as_millis())]);
         if cfg.salvage {
             cmd.arg("--salvage");
         }
@@ -298,7 +295,9 @@ impl EngineProcess {
             if s.state == "failed" {
                 bail!("rebuild of {addr} failed: {s:?}");
             }
-            if s.state == "done" && s.replica == addr && self.mode_of(addr).await?.as_deref() == Some("RW")
+            if s.state == "done"
+                && s.replica == addr
+                && self.mode_of(addr).await?.as_deref() == Some("RW")
             {
                 return Ok(s);
             }
@@ -370,8 +369,18 @@ pub fn busy_workload(seed: u64) -> WorkloadConfig {
 
 /// Fails with a readable list if the run saw I/O errors or wrong reads.
 pub fn assert_clean_run(what: &str, report: &RunReport) {
-    let errs: Vec<String> = report.io_errors.iter().take(10).map(|e| e.to_string()).collect();
-    let bad: Vec<String> = report.bad_reads.iter().take(10).map(|w| w.to_string()).collect();
+    let errs: Vec<String> = report
+        .io_errors
+        .iter()
+        .take(10)
+        .map(|e| e.to_string())
+        .collect();
+    let bad: Vec<String> = report
+        .bad_reads
+        .iter()
+        .take(10)
+        .map(|w| w.to_string())
+        .collect();
     assert!(
         report.io_errors.is_empty() && report.bad_reads.is_empty(),
         "{what}: {} I/O errors {errs:?}, {} wrong reads {bad:?}",
@@ -560,7 +569,11 @@ impl Fingerprint {
             out.push(format!(
                 "{} volume blocks differ (first: {:?})",
                 differing.len(),
-                differing.iter().take(8).map(|i| *i as u64 * 4096).collect::<Vec<_>>()
+                differing
+                    .iter()
+                    .take(8)
+                    .map(|i| *i as u64 * 4096)
+                    .collect::<Vec<_>>()
             ));
         }
         for (name, a) in &self.layer_crcs {

@@ -56,19 +56,176 @@ async fn replica_kill9_under_load_loses_nothing() -> anyhow::Result<()> {
         report.iops()
     );
     assert_clean_run("workload across the kill", &report);
-    assert!(report.writes > 1000, "too few writes to mean anything: {report:?}");
+    assert!(
+        report.writes > 1000,
+        "too few writes to mean anything: {report:?}"
+    );
     assert_verified("after kill -9 of one replica", &dev, &model, Expect::Exact).await;
-    let t = Instant::now();
     let info = c.engine().info().await?;
-    eprintln!("info took {:?}", t.elapsed());
     assert_eq!(info.state, "degraded");
     assert_eq!(mode_in(&info, &c.addr(0)), "RW");
     assert_eq!(mode_in(&info, &c.addr(2)), "RW");
-    let t = Instant::now();
-    drop(dev);
-    eprintln!("dev drop took {:?}", t.elapsed());
-    let t = Instant::now();
-    drop(c);
-    eprintln!("cluster drop took {:?}", t.elapsed());
+    Ok(())
+}
+
+/// Runs a workload on the first 192 MiB and a latency probe on 16 MiB above it, calls
+/// `inject` to make replica 1 stop answering, and checks that it is ERR within the I/O timeout
+/// + 1 s, that writes issued in the second after that are fast again (p99 < 1 s), that the
+/// workload saw no error and that every block verifies.
+async fn hang_replica_and_check(
+    c: &Cluster,
+    seed: u64,
+    inject: impl FnOnce(),
+) -> anyhow::Result<()> {
+    let dev = c.engine().nbd_client().await?;
+    let mut cfg = busy_workload(seed);
+    cfg.range_len = Some(192 * MIB);
+    let model = cfg.new_model(dev.size(), RunId::random())?;
+    let bg = Background::spawn(dev, model, cfg);
+    let probe_dev = Arc::new(c.engine().nbd_client().await?);
+    let probe = LatencyProbe::spawn(probe_dev.clone(), 224 * MIB, 16 * MIB, 4);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let victim = c.addr(1);
+    inject();
+    let deadline = err_deadline(c);
+    let (info, took) = c
+        .engine()
+        .wait_until(deadline + Duration::from_secs(5), |i| {
+            mode_in(i, &victim) == "ERR"
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", c.logs()))?;
+    let err_at = Instant::now();
+    eprintln!(
+        "hung replica {victim} was ERR after {took:?} (reason: {:?})",
+        info.replicas
+            .iter()
+            .find(|r| r.address == victim)
+            .map(|r| r.reason.clone())
+    );
+    assert!(took <= deadline, "ERR after {took:?}, over {deadline:?}");
+    assert_eq!(info.state, "degraded", "{info:?}");
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let lat = probe.stop().await?;
+    let (model, report, dev) = bg.stop().await?;
+    let before: Vec<Duration> = lat
+        .iter()
+        .filter(|(t, _)| *t < err_at)
+        .map(|(_, d)| *d)
+        .collect();
+    let after: Vec<Duration> = lat
+        .iter()
+        .filter(|(t, _)| *t >= err_at && *t < err_at + Duration::from_secs(1))
+        .map(|(_, d)| *d)
+        .collect();
+    let worst = before.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "probe writes: {} before ERR (worst {worst:?}), {} in the second after ERR: p50 {:?}, p99 {:?}",
+        before.len(),
+        after.len(),
+        percentile(&after, 50.0),
+        percentile(&after, 99.0)
+    );
+    assert!(
+        after.len() >= 10,
+        "only {} probe writes in the second after ERR",
+        after.len()
+    );
+    assert!(
+        percentile(&after, 99.0) < Duration::from_secs(1),
+        "writes still slow after the replica was dropped"
+    );
+    assert_clean_run("workload across the hang", &report);
+    assert_verified("after the hang", &dev, &model, Expect::Exact).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replica_sigstop_goes_err_within_timeout() -> anyhow::Result<()> {
+    let seed = test_seed();
+    let c = Cluster::start("sigstop", 256 * MIB)?;
+    /// Resumes the frozen replica in every outcome.
+    struct Cont<'a>(&'a zebu_tests::ReplicaProcess);
+    impl Drop for Cont<'_> {
+        fn drop(&mut self) {
+            self.0.resume();
+        }
+    }
+    let victim = c.replica(1);
+    let _cont = Cont(victim);
+    hang_replica_and_check(&c, seed, || victim.pause()).await?;
+    victim.resume();
+    // A replica that comes back from a hang stays ERR for this connection.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let info = c.engine().info().await?;
+    assert_eq!(mode_in(&info, &c.addr(1)), "ERR", "{info:?}");
+    Ok(())
+}
+
+/// An iptables rule that is removed again in every outcome.
+struct DropRule {
+    args: Vec<String>,
+}
+
+impl DropRule {
+    /// Drops TCP traffic to `addr` (INPUT covers loopback). None if iptables is unusable.
+    fn install(addr: std::net::SocketAddr) -> Option<DropRule> {
+        let usable = std::process::Command::new("iptables")
+            .args(["-L", "INPUT", "-n"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !usable {
+            return None;
+        }
+        let args: Vec<String> = [
+            "INPUT",
+            "-d",
+            &addr.ip().to_string(),
+            "-p",
+            "tcp",
+            "--dport",
+            &addr.port().to_string(),
+            "-j",
+            "DROP",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let ok = std::process::Command::new("iptables")
+            .arg("-I")
+            .args(&args)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(DropRule { args })
+    }
+}
+
+impl Drop for DropRule {
+    fn drop(&mut self) {
+        let status = std::process::Command::new("iptables")
+            .arg("-D")
+            .args(&self.args)
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            eprintln!("WARNING: could not remove iptables rule {:?}", self.args);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn iptables_drop_goes_err_within_timeout() -> anyhow::Result<()> {
+    let seed = test_seed();
+    let c = Cluster::start("iptables", 256 * MIB)?;
+    let victim = c.replica(1).addr;
+    let mut rule = None;
+    hang_replica_and_check(&c, seed, || rule = DropRule::install(victim))
+        .await
+        .or_else(|e| if rule.is_none() { Ok(()) } else { Err(e) })?;
+    if rule.is_none() {
+        eprintln!("SKIPPED: iptables is not usable here (needs root and the iptables command)");
+    }
+    drop(rule);
     Ok(())
 }
