@@ -459,14 +459,15 @@ impl LatencyProbe {
     }
 }
 
-/// The `p`-th percentile (0..=100) of `lat`.
-pub fn percentile(lat: &[Duration], p: f64) -> Duration {
+/// The `p`-th percentile (0..=100, nearest rank rounded down) of `lat`.
+pub fn percentile(lat: &[Duration], p: u32) -> Duration {
     if lat.is_empty() {
         return Duration::ZERO;
     }
     let mut v = lat.to_vec();
     v.sort();
-    let i = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+    // Nearest rank, in integers.
+    let i = (v.len() - 1) * p.min(100) as usize / 100;
     v[i.min(v.len() - 1)]
 }
 

@@ -70,7 +70,7 @@ async fn replica_kill9_under_load_loses_nothing() -> anyhow::Result<()> {
 
 /// Runs a workload on the first 192 MiB and a latency probe on 16 MiB above it, calls
 /// `inject` to make replica 1 stop answering, and checks that it is ERR within the I/O timeout
-/// + 1 s, that writes issued in the second after that are fast again (p99 < 1 s), that the
+/// plus 1 s, that writes issued in the second after that are fast again (p99 < 1 s), that the
 /// workload saw no error and that every block verifies.
 async fn hang_replica_and_check(
     c: &Cluster,
@@ -125,8 +125,8 @@ async fn hang_replica_and_check(
         "probe writes: {} before ERR (worst {worst:?}), {} in the second after ERR: p50 {:?}, p99 {:?}",
         before.len(),
         after.len(),
-        percentile(&after, 50.0),
-        percentile(&after, 99.0)
+        percentile(&after, 50),
+        percentile(&after, 99)
     );
     assert!(
         after.len() >= 10,
@@ -134,7 +134,7 @@ async fn hang_replica_and_check(
         after.len()
     );
     assert!(
-        percentile(&after, 99.0) < Duration::from_secs(1),
+        percentile(&after, 99) < Duration::from_secs(1),
         "writes still slow after the replica was dropped"
     );
     assert_clean_run("workload across the hang", &report);
@@ -227,5 +227,111 @@ async fn iptables_drop_goes_err_within_timeout() -> anyhow::Result<()> {
         eprintln!("SKIPPED: iptables is not usable here (needs root and the iptables command)");
     }
     drop(rule);
+    Ok(())
+}
+
+/// A 64 MiB ext4 filesystem on a loop device, unmounted and detached in every outcome.
+struct SmallFs {
+    mount: std::path::PathBuf,
+    loopdev: String,
+}
+
+impl SmallFs {
+    fn create(dir: &std::path::Path) -> anyhow::Result<SmallFs> {
+        use anyhow::Context;
+        let run = |cmd: &str, args: &[&str]| -> anyhow::Result<String> {
+            let out = std::process::Command::new(cmd).args(args).output()?;
+            anyhow::ensure!(
+                out.status.success(),
+                "{cmd} {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        };
+        let image = dir.join("small.img");
+        std::fs::File::create(&image)?.set_len(64 * MIB)?;
+        let img = image.to_str().context("utf-8 path")?;
+        run("mkfs.ext4", &["-q", "-F", img])?;
+        let loopdev = run("losetup", &["--find", "--show", img])?;
+        let mount = dir.join("small");
+        std::fs::create_dir_all(&mount)?;
+        let fs = SmallFs {
+            mount: mount.clone(),
+            loopdev: loopdev.clone(),
+        };
+        run("mount", &[&loopdev, mount.to_str().context("utf-8 path")?])?;
+        Ok(fs)
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.mount)
+            .status();
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.loopdev])
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn full_disk_replica_goes_err_volume_continues() -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root to mount a small filesystem");
+        return Ok(());
+    }
+    let seed = test_seed();
+    let mut c = Cluster::replicas_only("fulldisk", 256 * MIB)?;
+    let fs = match SmallFs::create(c.tmp.path()) {
+        Ok(fs) => fs,
+        Err(e) => {
+            eprintln!("SKIPPED: cannot make a loop-mounted ext4 here: {e}");
+            return Ok(());
+        }
+    };
+    // Replica 1 lives on the 64 MiB filesystem; the volume is 256 MiB.
+    let dir = fs.mount.join("r2");
+    c.restart_replica_in(1, &dir)?;
+    c.dirs[1] = dir;
+    c.start_engine()?;
+    let dev = c.engine().nbd_client().await?;
+    let cfg = zebu_engine::workload::WorkloadConfig {
+        range_len: Some(160 * MIB),
+        pattern: zebu_engine::workload::Pattern::Sequential,
+        stop: zebu_engine::workload::StopAfter::Ops(160 * MIB / 4096),
+        read_percent: 5,
+        seed,
+        ..zebu_engine::workload::WorkloadConfig::default()
+    };
+    let mut model = cfg.new_model(dev.size(), RunId::random())?;
+    let report = zebu_engine::workload::run_workload(&dev, &mut model, &cfg).await;
+    let info = c.engine().info().await?;
+    eprintln!(
+        "after {} writes: {} {:?}",
+        report.writes,
+        info.state,
+        info.replicas
+            .iter()
+            .map(|r| (&r.address, &r.mode, &r.reason))
+            .collect::<Vec<_>>()
+    );
+    assert_clean_run("workload filling one replica's disk", &report);
+    assert_eq!(mode_in(&info, &c.addr(1)), "ERR", "{info:?}\n{}", c.logs());
+    assert_eq!(info.state, "degraded");
+    assert_verified(
+        "after one replica's disk filled",
+        &dev,
+        &model,
+        Expect::Exact,
+    )
+    .await;
+    dev.disconnect().await;
+    // Stop everything on the small filesystem before it is unmounted.
+    drop(c.engine.take());
+    c.kill_replica(1);
+    drop(fs);
     Ok(())
 }
