@@ -123,6 +123,17 @@ impl ReplicaProcess {
         ip: Ipv4Addr,
         extra: &[&str],
     ) -> anyhow::Result<ReplicaProcess> {
+        Self::start_at(dir, size, SocketAddr::from((ip, 0)), extra)
+    }
+
+    /// [`ReplicaProcess::start_with`] on a given `ip:port`: restarts a replica where its
+    /// engine expects it.
+    pub fn start_at(
+        dir: &Path,
+        size: u64,
+        listen: SocketAddr,
+        extra: &[&str],
+    ) -> anyhow::Result<ReplicaProcess> {
         let log = dir.with_extension("log");
         let log_file = std::fs::OpenOptions::new()
             .create(true)
@@ -139,7 +150,7 @@ impl ReplicaProcess {
             .arg("--dir")
             .arg(dir)
             .arg("--listen")
-            .arg(format!("{ip}:0"))
+            .arg(listen.to_string())
             .arg("--size")
             .arg(size.to_string())
             .args(io)
