@@ -17,6 +17,13 @@
 //! into one atomic so the writer always sees a consistent pair. MaxCmdSN =
 //! ExpCmdSN + QUEUE_DEPTH - 1 - in_flight, which never decreases: a new command raises
 //! ExpCmdSN and in_flight together, a completion lowers in_flight.
+//!
+//! Write data budget: a write whose data arrives in Data-Out PDUs gets a buffer of its full
+//! length before the data is in. Without a bound, QUEUE_DEPTH commands of MAX_DATA_OUT each
+//! would let one initiator make us allocate 1 GiB and never send the data. Each connection
+//! has a [`WRITE_BUDGET`] of buffered write bytes (a semaphore in KiB); a write that does not
+//! fit is answered TASK SET FULL at once, which initiators retry later, and the budget is
+//! given back when the command completes or its connection ends.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,7 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncWrite;
 use tokio::net::tcp::OwnedReadHalf;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tracing::{debug, info, warn};
 
 use super::Target;
@@ -33,6 +40,12 @@ use super::login::{Params, QUEUE_DEPTH, SessionKind, TARGET_MRDSL, parse_keys, p
 use super::pdu::{Bhs, PduError, PduReader, RESERVED_TAG, ReadOutcome, encode, op, reject};
 use super::scsi::{MAX_DATA_OUT, Reply};
 use super::sense::{Sense, status};
+
+/// Write data one connection may hold in buffers while it waits for Data-Out (bytes).
+/// 64 MiB is 64 commands of 1 MiB, well above what a queue of 1 MiB writes at the depth
+/// Linux and QEMU use needs.
+pub const WRITE_BUDGET: usize = 64 << 20;
+const BUDGET_UNIT: usize = 1024;
 
 /// LUN 1 in single-level peripheral device addressing.
 pub const LUN1: u64 = 0x0001_0000_0000_0000;
@@ -59,9 +72,30 @@ pub enum Out {
 }
 
 /// Cancellation state of a running command, shared with task management.
+///
+/// A flag plus a [`Notify`] rather than a channel: every command creates one, and only the
+/// rare task management request ever waits on it.
 struct TaskCtl {
     aborted: AtomicBool,
-    done: watch::Sender<bool>,
+    done: AtomicBool,
+    finished: Notify,
+}
+
+impl TaskCtl {
+    fn complete(&self) {
+        self.done.store(true, Ordering::Release);
+        self.finished.notify_waiters();
+    }
+
+    async fn wait_done(&self) {
+        let notified = self.finished.notified();
+        tokio::pin!(notified);
+        // Registered before the flag is checked, so a completion in between still wakes us.
+        notified.as_mut().enable();
+        if !self.done.load(Ordering::Acquire) {
+            notified.await;
+        }
+    }
 }
 
 /// State shared by the reader, the writer and command tasks of one connection.
@@ -72,6 +106,8 @@ pub struct Conn {
     window: AtomicU64,
     tasks: std::sync::Mutex<HashMap<u32, Arc<TaskCtl>>>,
     params: Params,
+    /// Buffered write data, in BUDGET_UNIT permits (see the module docs).
+    write_budget: Arc<Semaphore>,
 }
 
 /// Serial number arithmetic (RFC 1982) on 32-bit sequence numbers.
@@ -145,6 +181,8 @@ struct Cmd {
     cdb: [u8; 16],
     edtl: u32,
     holds_slot: bool,
+    /// Share of the write budget its buffered data uses, given back when the command ends.
+    budget: Option<OwnedSemaphorePermit>,
 }
 
 /// A write command still collecting Data-Out.
@@ -187,6 +225,7 @@ pub async fn run<W: AsyncWrite + Unpin + Send + 'static>(
         window: AtomicU64::new(u64::from(login.exp_cmd_sn) << 32),
         tasks: std::sync::Mutex::new(HashMap::new()),
         params: login.params.clone(),
+        write_budget: Arc::new(Semaphore::new(WRITE_BUDGET / BUDGET_UNIT)),
     });
     let writer_task = tokio::spawn(write_loop(writer, rx, conn.clone(), login.stat_sn));
     let mut r = Reader {
@@ -382,6 +421,7 @@ impl Reader {
             cdb,
             edtl: bhs.u32_at(20),
             holds_slot,
+            budget: None,
         };
         let in_use = self.writes.contains_key(&cmd.itt)
             || self
@@ -399,14 +439,18 @@ impl Reader {
         }
         if bhs.ahs_len() > 0 {
             // Extended CDBs (> 16 bytes) are not supported.
-            return self.start(cmd, Bytes::new(), Some(Sense::INVALID_OPCODE));
+            return self.start(cmd, Bytes::new(), Some(Reply::check(Sense::INVALID_OPCODE)));
         }
         if !write || cmd.edtl == 0 {
             return self.start(cmd, Bytes::new(), None);
         }
         if u64::from(cmd.edtl) > MAX_DATA_OUT {
             // Unsolicited Data-Out for it will find no pending write and be dropped.
-            return self.start(cmd, Bytes::new(), Some(Sense::INVALID_FIELD_IN_CDB));
+            return self.start(
+                cmd,
+                Bytes::new(),
+                Some(Reply::check(Sense::INVALID_FIELD_IN_CDB)),
+            );
         }
         let p = &self.conn.params;
         if data.len() > cmd.edtl as usize || data.len() > p.first_burst as usize {
@@ -425,6 +469,29 @@ impl Reader {
         } else {
             p.first_burst.min(cmd.edtl)
         };
+        let units = (cmd.edtl as usize).div_ceil(BUDGET_UNIT);
+        let permit = u32::try_from(units).ok().and_then(|n| {
+            self.conn
+                .write_budget
+                .clone()
+                .try_acquire_many_owned(n)
+                .ok()
+        });
+        let Some(permit) = permit else {
+            debug!(
+                itt = cmd.itt,
+                edtl = cmd.edtl,
+                "write budget exhausted; TASK SET FULL"
+            );
+            // Its unsolicited Data-Out finds no pending write and is dropped.
+            return self.start(
+                cmd,
+                Bytes::new(),
+                Some(Reply::status_only(status::TASK_SET_FULL)),
+            );
+        };
+        let mut cmd = cmd;
+        cmd.budget = Some(permit);
         let mut buf = BytesMut::with_capacity(cmd.edtl as usize);
         buf.extend_from_slice(&data);
         let mut w = PendingWrite {
@@ -495,7 +562,11 @@ impl Reader {
                 itt,
                 offset, received, data_sn, "Data-Out out of sequence; failing the command"
             );
-            self.start(w.cmd, Bytes::new(), Some(Sense::DATA_PHASE_ERROR));
+            self.start(
+                w.cmd,
+                Bytes::new(),
+                Some(Reply::check(Sense::DATA_PHASE_ERROR)),
+            );
             return true;
         }
         w.buf.extend_from_slice(&data);
@@ -523,11 +594,11 @@ impl Reader {
     }
 
     /// Starts a command task (or answers at once with `fail`).
-    fn start(&mut self, cmd: Cmd, data: Bytes, fail: Option<Sense>) {
-        let (done, _) = watch::channel(false);
+    fn start(&mut self, cmd: Cmd, data: Bytes, fail: Option<Reply>) {
         let ctl = Arc::new(TaskCtl {
             aborted: AtomicBool::new(false),
-            done,
+            done: AtomicBool::new(false),
+            finished: Notify::new(),
         });
         self.conn
             .tasks
@@ -537,7 +608,7 @@ impl Reader {
         let conn = self.conn.clone();
         tokio::spawn(async move {
             let reply = match fail {
-                Some(s) => Reply::check(s),
+                Some(r) => r,
                 None => execute(&conn, &cmd, data).await,
             };
             if cmd.holds_slot {
@@ -553,7 +624,7 @@ impl Reader {
                 }
                 tasks.remove(&cmd.itt);
             }
-            ctl.done.send_replace(true);
+            ctl.complete();
         });
     }
 
@@ -629,10 +700,9 @@ impl Reader {
         let close = function == 7;
         tokio::spawn(async move {
             for v in victims {
-                let mut rx = v.done.subscribe();
                 // The command's device I/O finishes before we report it aborted, so
                 // nothing it does can land after the initiator reuses the blocks.
-                let _ = rx.wait_for(|d| *d).await;
+                v.wait_done().await;
             }
             let mut b = Bhs::new(op::TASK_MGMT_RESP);
             b.0[1] = 0x80;
