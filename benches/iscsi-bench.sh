@@ -63,7 +63,8 @@ WORKDIR="$WORKDIR/tgt" "$SCRIPTS/tgt-down.sh" >/dev/null
 # ---- summary
 echo
 printf '%-28s %12s %12s %7s %9s %9s\n' workload zebu_iops tgt_iops ratio zebu_cpu tgt_cpu
-join -t '|' \
-  <(sed -n 's/^MEDIAN \(.\{22\}\) iops=\([^ ]*\) .*target_cpu=\([^ ]*\)$/\1|\2|\3/p' "$WORKDIR/zebu.perf" | sort) \
-  <(sed -n 's/^MEDIAN \(.\{22\}\) iops=\([^ ]*\) .*target_cpu=\([^ ]*\)$/\1|\2|\3/p' "$WORKDIR/tgt.perf" | sort) |
+medians() {  # "workload|iops|cpu" per MEDIAN line, sorted for join
+  sed -n 's/^MEDIAN \(.*[^ ]\) *iops=\([^ ]*\) .*target_cpu=\([^ ]*\)$/\1|\2|\3/p' "$1" | sort
+}
+join -t '|' <(medians "$WORKDIR/zebu.perf") <(medians "$WORKDIR/tgt.perf") |
   awk -F'|' '{r = ($4 > 0) ? $2 / $4 : 0; printf "%-28s %12s %12s %7.2f %9s %9s\n", $1, $2, $4, r, $3, $5}'
