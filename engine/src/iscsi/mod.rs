@@ -6,7 +6,6 @@
 //! Layout of the module tree:
 //! - [`pdu`]: PDU framing, digests, vectored writes;
 //! - [`login`] and [`chap`]: the login phase (None / CHAP / mutual CHAP, parameter negotiation);
-//! - [`outbox`]: stamping and writing outgoing PDUs of one connection;
 //! - [`session`]: the full feature phase of one connection (CmdSN window, Data-Out/R2T,
 //!   Data-In, task management, Text/SendTargets, NOP, Logout, Reject);
 //! - [`scsi`], [`pages`] and [`sense`]: SCSI command execution.
@@ -27,7 +26,6 @@ pub mod chap;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod login;
-pub mod outbox;
 pub mod pages;
 pub mod pdu;
 pub mod scsi;

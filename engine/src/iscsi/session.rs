@@ -1,13 +1,12 @@
 //! One iSCSI connection in the full feature phase (RFC 7143 §11).
 //!
 //! Each connection has one reader task (this module's [`run`] loop), which also drives the
-//! connection's running SCSI commands and writes their answers, and a writer task that only
-//! steps in when the socket is full:
+//! connection's running SCSI commands, and one writer task:
 //!
 //! ```text
 //!   socket ──> reader ──push──> running commands ──┐
-//!                 │  (R2T, NOP-In, TMF, Reject)     ├──> Outbox ──writev──> socket
-//!                 └─────────────────────────────────┘   (writer task if it would block)
+//!                 │  (R2T, NOP-In, TMF, Reject)     ├──> mpsc ──> writer ──writev──> socket
+//!                 └─────────────────────────────────┘
 //! ```
 //! The reader checks CmdSN, gathers Data-Out (immediate, unsolicited and solicited via R2T)
 //! for writes, and starts the command once all its data is in. Commands run concurrently and
@@ -16,9 +15,8 @@
 //! and a task per command cost an allocation plus a cross-thread wake-up at start and at
 //! completion (profiles of 4 KiB reads showed futex wake/wait as the largest cost). When the
 //! connection ends, the reader finishes its running commands before it returns, so no device
-//! I/O of this connection is left behind. The [`Outbox`] is the only place that stamps
-//! StatSN, ExpCmdSN and MaxCmdSN into outgoing PDUs, under the lock that queues them, so
-//! StatSN always increases in wire order.
+//! I/O of this connection is left behind. The writer is the only place that stamps StatSN, ExpCmdSN and
+//! MaxCmdSN into outgoing PDUs, so StatSN always increases in wire order.
 //!
 //! CmdSN window: ExpCmdSN and the number of window-holding commands in flight are packed
 //! into one atomic so the writer always sees a consistent pair. MaxCmdSN =
@@ -40,15 +38,14 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::io::AsyncWrite;
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tracing::{debug, info, warn};
 
 use super::Target;
 use super::login::{Params, QUEUE_DEPTH, SessionKind, TARGET_MRDSL, parse_keys, push_key};
-use super::outbox::Outbox;
-pub use super::outbox::Sn;
-use super::pdu::{Bhs, PduError, PduReader, RESERVED_TAG, ReadOutcome, op, reject};
+use super::pdu::{Bhs, PduError, PduReader, RESERVED_TAG, ReadOutcome, encode, op, reject};
 use super::scsi::{MAX_DATA_OUT, Reply};
 use super::sense::{Sense, status};
 
@@ -60,6 +57,27 @@ const BUDGET_UNIT: usize = 1024;
 
 /// LUN 1 in single-level peripheral device addressing.
 pub const LUN1: u64 = 0x0001_0000_0000_0000;
+
+/// How the writer fills the StatSN field of an outgoing PDU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sn {
+    /// A response: carries the next StatSN, which then advances.
+    Advance,
+    /// Carries the current StatSN without advancing it (R2T).
+    Current,
+    /// StatSN is reserved (Data-In without status).
+    Reserved,
+}
+
+pub enum Out {
+    Pdu {
+        bhs: Bhs,
+        data: Bytes,
+        sn: Sn,
+    },
+    /// Flush everything queued so far and close the connection.
+    Close,
+}
 
 /// Cancellation state of a running command, shared with task management.
 ///
@@ -91,7 +109,7 @@ impl TaskCtl {
 /// State shared by the reader, the writer and command tasks of one connection.
 pub struct Conn {
     target: Arc<Target>,
-    out: Outbox,
+    tx: mpsc::UnboundedSender<Out>,
     /// ExpCmdSN in the high 32 bits, window-holding commands in flight in the low 32.
     window: AtomicU64,
     tasks: std::sync::Mutex<HashMap<u32, Arc<TaskCtl>>>,
@@ -116,9 +134,9 @@ impl Conn {
         )
     }
 
-    /// Queues a PDU; it goes out at the next [`Outbox::flush`].
     fn send(&self, bhs: Bhs, data: Bytes, sn: Sn) {
-        self.out.push(bhs, &data, sn, || self.exp_max());
+        // A closed channel means the connection is going away; the PDU has nobody to reach.
+        let _ = self.tx.send(Out::Pdu { bhs, data, sn });
     }
 
     fn reject(&self, rejected: &Bhs, reason: u8) {
@@ -199,34 +217,27 @@ struct Reader {
     running: FuturesUnordered<BoxFuture<'static, ()>>,
 }
 
-pub async fn run(
+pub async fn run<W: AsyncWrite + Unpin + Send + 'static>(
     target: Arc<Target>,
     mut reader: PduReader<OwnedReadHalf>,
-    writer: OwnedWriteHalf,
+    writer: W,
     login: super::login::Login,
     portal: String,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let (tx, rx) = mpsc::unbounded_channel();
     reader.header_digest = login.params.header_digest;
     reader.data_digest = login.params.data_digest;
     reader.max_data = TARGET_MRDSL as usize;
     let conn = Arc::new(Conn {
         target,
-        out: Outbox::new(
-            writer,
-            login.stat_sn,
-            login.params.header_digest,
-            login.params.data_digest,
-        ),
+        tx,
         window: AtomicU64::new(u64::from(login.exp_cmd_sn) << 32),
         tasks: std::sync::Mutex::new(HashMap::new()),
         params: login.params.clone(),
         write_budget: Arc::new(Semaphore::new(WRITE_BUDGET / BUDGET_UNIT)),
     });
-    let writer_task = {
-        let conn = conn.clone();
-        tokio::spawn(async move { conn.out.run().await })
-    };
+    let writer_task = tokio::spawn(write_loop(writer, rx, conn.clone(), login.stat_sn));
     let mut r = Reader {
         conn: conn.clone(),
         kind: login.kind,
@@ -236,8 +247,6 @@ pub async fn run(
         running: FuturesUnordered::new(),
     };
     loop {
-        // Everything the last PDU or completion produced goes out before we wait again.
-        conn.out.flush();
         // PduReader::read keeps partial input in its buffer, so losing the race to a
         // completing command loses no bytes.
         let outcome = tokio::select! {
@@ -282,10 +291,59 @@ pub async fn run(
     }
     // Running commands finish their device I/O (their answers may still reach the writer).
     while r.running.next().await.is_some() {}
-    conn.out.close();
+    let _ = conn.tx.send(Out::Close);
     drop(r);
     drop(conn);
     let _ = writer_task.await;
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut w: W,
+    mut rx: mpsc::UnboundedReceiver<Out>,
+    conn: Arc<Conn>,
+    mut stat_sn: u32,
+) {
+    let hd = conn.params.header_digest;
+    let dd = conn.params.data_digest;
+    let mut scratch = BytesMut::with_capacity(16 * 1024);
+    let mut bufs: Vec<Bytes> = Vec::with_capacity(64);
+    let mut closing = false;
+    while !closing {
+        let Some(first) = rx.recv().await else { break };
+        let mut next = Some(first);
+        let mut batched = 0usize;
+        while let Some(m) = next.take() {
+            match m {
+                Out::Close => {
+                    closing = true;
+                    break;
+                }
+                Out::Pdu { mut bhs, data, sn } => {
+                    let (exp, max) = conn.exp_max();
+                    match sn {
+                        Sn::Advance => {
+                            bhs.set_u32(24, stat_sn);
+                            stat_sn = stat_sn.wrapping_add(1);
+                        }
+                        Sn::Current => bhs.set_u32(24, stat_sn),
+                        Sn::Reserved => {}
+                    }
+                    bhs.set_u32(28, exp);
+                    bhs.set_u32(32, max);
+                    batched += 48 + data.len();
+                    encode(&bhs, &data, hd, dd, &mut scratch, &mut bufs);
+                }
+            }
+            if batched < 1 << 20 && bufs.len() < 60 {
+                next = rx.try_recv().ok();
+            }
+        }
+        if let Err(e) = super::pdu::write_all_bufs(&mut w, &mut bufs).await {
+            debug!(error = %e, "writing to initiator failed");
+            break;
+        }
+    }
+    let _ = tokio::io::AsyncWriteExt::shutdown(&mut w).await;
 }
 
 impl Reader {
@@ -668,9 +726,7 @@ impl Reader {
             b.set_itt(itt);
             conn.send(b, Bytes::new(), Sn::Advance);
             if close {
-                conn.out.close();
-            } else {
-                conn.out.flush();
+                let _ = conn.tx.send(Out::Close);
             }
         });
     }
