@@ -380,3 +380,59 @@ async fn connection_dropped_mid_write_leaves_other_sessions_unaffected() {
     assert_eq!(data, pattern, "the abandoned write did not land");
     Client::login(addr).await.nop().await;
 }
+
+/// An initiator that opens many large writes and never sends their data must not make the
+/// target buffer more than the per-connection write budget; writes over it get TASK SET
+/// FULL, and the budget comes back when a pending write is aborted.
+#[tokio::test]
+async fn writes_that_never_send_data_are_bounded_by_the_write_budget() {
+    let (addr, _stop) = start("127.0.0.27", None).await;
+    let mut c = Client::login(addr).await;
+    let edtl: u32 = 8 << 20; // MAX_DATA_OUT, the whole 8 MiB LUN
+    let fits = zebu_engine::iscsi::session::WRITE_BUDGET / edtl as usize;
+    let open_write = |c: &mut Client| {
+        let mut b = bhs(0x01, 0x80 | 0x20); // F, W: no unsolicited data follows
+        b[8..16].copy_from_slice(&LUN1);
+        let itt = c.next_itt();
+        put32(&mut b, 16, itt);
+        put32(&mut b, 20, edtl);
+        put32(&mut b, 24, c.cmd_sn);
+        c.cmd_sn += 1;
+        let cdb = rw10(0x2a, 0, (edtl / 512) as u16);
+        b[32..32 + cdb.len()].copy_from_slice(&cdb);
+        (b, itt)
+    };
+    let mut itts = Vec::new();
+    for _ in 0..fits {
+        let (b, itt) = open_write(&mut c);
+        c.send(b, &[]).await;
+        let r = c.recv().await;
+        assert_eq!(r.opcode(), 0x31, "R2T for a write within the budget");
+        assert_eq!(r.u32_at(16), itt);
+        itts.push(itt);
+    }
+    let (b, itt) = open_write(&mut c);
+    c.send(b, &[]).await;
+    let r = c.recv().await;
+    assert_eq!(r.opcode(), 0x21, "SCSI Response for the write over budget");
+    assert_eq!(r.u32_at(16), itt);
+    assert_eq!(r.bhs[3], 0x28, "TASK SET FULL");
+
+    // ABORT TASK on one pending write gives its share back.
+    let mut t = bhs(0x02, 0x80 | 0x01);
+    t[8..16].copy_from_slice(&LUN1);
+    let tmf_itt = c.next_itt();
+    put32(&mut t, 16, tmf_itt);
+    put32(&mut t, 20, itts[0]);
+    put32(&mut t, 24, c.cmd_sn);
+    c.cmd_sn += 1;
+    c.send(t, &[]).await;
+    let r = c.recv().await;
+    assert_eq!(r.opcode(), 0x22);
+    assert_eq!(r.bhs[2], 0, "task aborted");
+    let (b, itt) = open_write(&mut c);
+    c.send(b, &[]).await;
+    let r = c.recv().await;
+    assert_eq!(r.opcode(), 0x31, "budget released by the abort");
+    assert_eq!(r.u32_at(16), itt);
+}

@@ -90,20 +90,32 @@ pub fn decode_binary(v: &str) -> Option<Vec<u8>> {
         if h.is_empty() {
             return None;
         }
-        let h = if h.len() % 2 == 1 {
-            format!("0{h}")
-        } else {
-            h.to_string()
-        };
-        return (0..h.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).ok())
-            .collect();
+        // Work on bytes: the value comes from the network and may hold multi-byte UTF-8
+        // (or U+FFFD from lossy decoding), so slicing the str by position could panic.
+        let h = h.as_bytes();
+        let lead = h.len() % 2; // an odd count means an implied leading zero nibble
+        let mut out = Vec::with_capacity(h.len() / 2 + 1);
+        if lead == 1 {
+            out.push(hex_nibble(h[0])?);
+        }
+        for pair in h[lead..].chunks_exact(2) {
+            out.push((hex_nibble(pair[0])? << 4) | hex_nibble(pair[1])?);
+        }
+        return Some(out);
     }
     if let Some(b) = v.strip_prefix("0b").or_else(|| v.strip_prefix("0B")) {
         return decode_base64(b);
     }
     None
+}
+
+fn hex_nibble(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
 }
 
 fn decode_base64(s: &str) -> Option<Vec<u8>> {
@@ -166,5 +178,17 @@ mod tests {
         assert_eq!(decode_binary("0bAQID"), Some(vec![1, 2, 3]));
         assert_eq!(decode_binary("zz"), None);
         assert_eq!(decode_binary("0xzz"), None);
+    }
+
+    #[test]
+    fn hex_value_with_multibyte_utf8_is_rejected_not_a_panic() {
+        // Found by the iscsi_login fuzz target: "0x" followed by U+FFFD used to slice the
+        // str inside a character.
+        assert_eq!(decode_binary("0xa\u{fffd}b"), None);
+        assert_eq!(decode_binary("0x\u{e9}"), None);
+        // from_str_radix accepted a sign; a nibble parser must not.
+        assert_eq!(decode_binary("0x+f"), None);
+        assert_eq!(decode_binary("0xabc"), Some(vec![0x0a, 0xbc]));
+        assert_eq!(decode_binary("0XFF00"), Some(vec![0xff, 0x00]));
     }
 }

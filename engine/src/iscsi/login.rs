@@ -19,6 +19,10 @@ use super::pdu::{Bhs, PduReader, ReadOutcome, op, write_pdu};
 pub const TARGET_MRDSL: u32 = 262_144;
 /// Commands the target lets each session have in flight (CmdSN window).
 pub const QUEUE_DEPTH: u32 = 128;
+/// Most login text (across Continue PDUs) one login request may carry. Real initiators send
+/// well under 4 KiB; without a bound a peer could grow it without limit until the login
+/// timeout.
+pub const MAX_LOGIN_TEXT: usize = 64 * 1024;
 
 /// Negotiated connection and session parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,7 +138,7 @@ fn num(v: &str, lo: u32, hi: u32) -> Option<u32> {
 
 /// Answers one operational key, updating `p`. Returns the reply value, or None when the key
 /// is declarative and needs no answer.
-fn negotiate(p: &mut Params, key: &str, v: &str) -> Option<String> {
+pub(crate) fn negotiate(p: &mut Params, key: &str, v: &str) -> Option<String> {
     let reject = || Some("Reject".to_string());
     match key {
         "HeaderDigest" | "DataDigest" => {
@@ -203,6 +207,13 @@ fn negotiate(p: &mut Params, key: &str, v: &str) -> Option<String> {
         | "TargetAlias" => None,
         _ => Some("NotUnderstood".to_string()),
     }
+}
+
+/// Enforces the rules that tie keys together once negotiation is over: RFC 7143 §13.14
+/// requires FirstBurstLength <= MaxBurstLength, and the session code relies on it when it
+/// sizes unsolicited bursts.
+pub(crate) fn finish_params(p: &mut Params) {
+    p.first_burst = p.first_burst.min(p.max_burst);
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -304,6 +315,13 @@ where
                     status::SESSION_DOES_NOT_EXIST,
                     &initiator,
                     "TSIH given",
+                ));
+            }
+            if pending.len() + pdu.data.len() > MAX_LOGIN_TEXT {
+                return Err(fail(
+                    status::INITIATOR_ERROR,
+                    &initiator,
+                    "login text too long",
                 ));
             }
             pending.extend_from_slice(&pdu.data);
@@ -413,6 +431,7 @@ where
                 resp.set_data_len(out.len());
                 write_pdu(w, &resp, &Bytes::from(out), false, false).await?;
                 if full {
+                    finish_params(&mut params);
                     return Ok(Login {
                         kind: kind.unwrap_or(SessionKind::Normal),
                         params,
@@ -521,6 +540,7 @@ fn security(
 
 #[cfg(test)]
 mod tests {
+    use super::super::pdu::BHS_LEN;
     use super::*;
 
     #[test]
@@ -548,5 +568,65 @@ mod tests {
         );
         assert_eq!(negotiate(&mut p, "MaxRecvDataSegmentLength", "4096"), None);
         assert_eq!(p.initiator_mrdsl, 4096);
+    }
+
+    #[test]
+    fn first_burst_never_exceeds_max_burst() {
+        let mut p = Params::default();
+        for (k, v) in parse_keys(b"FirstBurstLength=262144\0MaxBurstLength=16384\0") {
+            negotiate(&mut p, &k, &v);
+        }
+        finish_params(&mut p);
+        assert_eq!(p.max_burst, 16384);
+        assert_eq!(p.first_burst, 16384);
+    }
+
+    #[test]
+    fn login_text_across_continue_pdus_is_bounded() {
+        // Continue PDUs of 60 KiB each: the second pushes the text over the bound.
+        let chunk = vec![b'a'; 60 * 1024];
+        let mut wire = Vec::new();
+        for _ in 0..3 {
+            let mut b = Bhs::new(op::LOGIN_REQ | 0x40);
+            b.0[1] = 0x40 | 0x01;
+            b.set_data_len(chunk.len());
+            let mut scratch = bytes::BytesMut::new();
+            let mut out = Vec::new();
+            super::super::pdu::encode(
+                &b,
+                &Bytes::from(chunk.clone()),
+                false,
+                false,
+                &mut scratch,
+                &mut out,
+            );
+            wire.extend(out.iter().flat_map(|x| x.iter().copied()));
+        }
+        let mut r = PduReader::new(&wire[..], TARGET_MRDSL as usize);
+        let mut resp = Vec::new();
+        let tsih = || 1u16;
+        let cfg = LoginConfig {
+            target_iqn: "iqn.x:y",
+            chap: None,
+            next_tsih: &tsih,
+        };
+        let err =
+            futures::executor::block_on(login(&mut r, &mut resp, &cfg)).expect_err("must fail");
+        assert!(
+            matches!(
+                err,
+                LoginError::Rejected {
+                    status: status::INITIATOR_ERROR,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // An empty answer to the first Continue PDU, then the failure for the second.
+        assert_eq!(resp.len(), 2 * BHS_LEN);
+        assert_eq!(
+            &resp[BHS_LEN + 36..BHS_LEN + 38],
+            &status::INITIATOR_ERROR.to_be_bytes()
+        );
     }
 }

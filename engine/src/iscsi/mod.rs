@@ -23,6 +23,8 @@
 //! ```
 
 pub mod chap;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod login;
 pub mod pages;
 pub mod pdu;

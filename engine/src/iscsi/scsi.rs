@@ -59,6 +59,15 @@ impl Reply {
             data: Bytes::from(d),
         }
     }
+    /// A status without sense data or Data-In (e.g. TASK SET FULL).
+    pub fn status_only(status: u8) -> Reply {
+        Reply {
+            status,
+            sense: None,
+            data: Bytes::new(),
+            transfer_len: 0,
+        }
+    }
     pub fn check(sense: Sense) -> Reply {
         Reply {
             status: status::CHECK_CONDITION,

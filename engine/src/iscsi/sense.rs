@@ -7,6 +7,8 @@
 pub mod status {
     pub const GOOD: u8 = 0x00;
     pub const CHECK_CONDITION: u8 = 0x02;
+    /// The target cannot take this command now; the initiator retries it later.
+    pub const TASK_SET_FULL: u8 = 0x28;
 }
 
 /// Sense keys.
