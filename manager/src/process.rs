@@ -178,14 +178,14 @@ pub struct Started {
 pub fn announced(stdout: &Path) -> BTreeMap<String, String> {
     let text = std::fs::read_to_string(stdout).unwrap_or_default();
     text.lines()
-        .filter_map(|l| {
+        .map(|l| {
             let l = l.trim();
             // `listening on ADDR` is the replica's one two-word key.
             if let Some(rest) = l.strip_prefix("listening on ") {
-                return Some(("listening".to_string(), rest.to_string()));
+                return ("listening".to_string(), rest.to_string());
             }
             let (k, v) = l.split_once(' ').unwrap_or((l, ""));
-            Some((k.to_string(), v.to_string()))
+            (k.to_string(), v.to_string())
         })
         .collect()
 }

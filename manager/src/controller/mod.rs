@@ -54,10 +54,7 @@ pub async fn run<S: Store>(store: Arc<S>, mut stop: watch::Receiver<bool>) {
         }
         let changed = async {
             match events.as_mut() {
-                Some(ev) => match ev.next().await {
-                    Some(Ok(_)) => true,
-                    _ => false,
-                },
+                Some(ev) => matches!(ev.next().await, Some(Ok(_))),
                 None => std::future::pending().await,
             }
         };
