@@ -18,6 +18,8 @@ const ZEBU: &str = env!("CARGO_BIN_EXE_zebu");
 /// data directory are killed.
 struct Up {
     child: Option<Child>,
+    /// Kept open: `zebu up` prints more lines, and a closed pipe kills it.
+    _stdout: BufReader<std::process::ChildStdout>,
     api: String,
     dir: PathBuf,
 }
@@ -35,9 +37,8 @@ fn start_up(dir: &Path, listen: &str) -> Up {
         .spawn()
         .expect("spawn zebu up");
     let mut first = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut first)
-        .expect("read");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    stdout.read_line(&mut first).expect("read");
     let api = first
         .trim()
         .strip_prefix("zebu API listening on ")
@@ -45,6 +46,7 @@ fn start_up(dir: &Path, listen: &str) -> Up {
         .to_string();
     Up {
         child: Some(child),
+        _stdout: stdout,
         api,
         dir: dir.to_path_buf(),
     }
