@@ -1,5 +1,5 @@
-//! The node agent: one per node, reporting the node and (next) running its
-//! replica and engine processes.
+//! The node agent: one per node, reporting the node and running its
+//! replica and engine processes (see [`crate::instances`]).
 //!
 //! On start the agent registers its Node (address and disks) if the store
 //! does not have it yet, so a restart keeps whatever tags or scheduling flags
@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::instances::Instances;
 use crate::resources::{
     ConditionStatus, DiskSpec, DiskStatus, Node, NodeSpec, Replica, set_condition,
 };
@@ -50,6 +51,8 @@ pub struct AgentConfig {
     /// Disk name -> directory.
     pub disks: BTreeMap<String, PathBuf>,
     pub heartbeat: Duration,
+    /// Where the node's processes write their stdout and stderr.
+    pub log_dir: PathBuf,
 }
 
 /// Capacity of the filesystem holding `path`.
@@ -62,11 +65,25 @@ fn disk_capacity(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
 pub struct NodeAgent<S> {
     store: Arc<S>,
     cfg: AgentConfig,
+    instances: Instances<S>,
 }
+
+/// How often the agent looks at its replicas and engines.
+const RECONCILE_EVERY: Duration = Duration::from_millis(500);
 
 impl<S: Store> NodeAgent<S> {
     pub fn new(store: Arc<S>, cfg: AgentConfig) -> Self {
-        NodeAgent { store, cfg }
+        let instances = Instances::new(
+            store.clone(),
+            cfg.node.clone(),
+            cfg.address.clone(),
+            cfg.log_dir.clone(),
+        );
+        NodeAgent {
+            store,
+            cfg,
+            instances,
+        }
     }
 
     fn err(&self, source: StoreError) -> AgentError {
@@ -214,22 +231,31 @@ impl<S: Store> NodeAgent<S> {
         Ok(())
     }
 
-    /// Register, then heartbeat until `stop` turns true.
+    /// Register, then heartbeat and run the node's processes until `stop`
+    /// turns true; then stop the processes (engines first).
     pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), AgentError> {
         self.register().await?;
         tracing::info!(node = %self.cfg.node, address = %self.cfg.address, "node agent started");
+        let mut last_heartbeat: Option<std::time::Instant> = None;
         loop {
-            if let Err(e) = self.heartbeat().await {
-                tracing::warn!("heartbeat failed: {e}");
+            if last_heartbeat.is_none_or(|t| t.elapsed() >= self.cfg.heartbeat) {
+                if let Err(e) = self.heartbeat().await {
+                    tracing::warn!("heartbeat failed: {e}");
+                }
+                last_heartbeat = Some(std::time::Instant::now());
+            }
+            if let Err(e) = self.instances.reconcile().await {
+                tracing::warn!("{e}");
             }
             tokio::select! {
-                _ = tokio::time::sleep(self.cfg.heartbeat) => {}
+                _ = tokio::time::sleep(RECONCILE_EVERY) => {}
                 _ = stop.changed() => break,
             }
             if *stop.borrow() {
                 break;
             }
         }
+        self.instances.stop_all().await;
         tracing::info!(node = %self.cfg.node, "node agent stopped");
         Ok(())
     }
@@ -250,6 +276,7 @@ mod tests {
             address: "127.0.0.10".into(),
             disks: BTreeMap::from([("disk-0".to_string(), disk.clone())]),
             heartbeat: Duration::from_millis(50),
+            log_dir: dir.path().join("node-1/logs"),
         };
         let agent = NodeAgent::new(store.clone(), cfg);
         agent.register().await.expect("register");

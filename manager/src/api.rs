@@ -208,7 +208,7 @@ async fn create_volume<S: Store>(
             "numberOfReplicas {replicas} is out of range 1..={MAX_REPLICAS}"
         )));
     }
-    let volume = Volume::new(
+    let mut volume = Volume::new(
         req.name,
         VolumeSpec {
             size,
@@ -221,6 +221,11 @@ async fn create_volume<S: Store>(
             node_id: None,
         },
     );
+    // The volume controller drops this once the engine and replicas are gone.
+    volume
+        .metadata
+        .finalizers
+        .push(crate::controller::volume::VOLUME_FINALIZER.into());
     let created = store.create_as(&volume).await?;
     tracing::info!(volume = %created.metadata.name, size = %size, replicas, "volume created");
     Ok((StatusCode::CREATED, Json(created)))

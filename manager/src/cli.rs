@@ -19,9 +19,9 @@ use serde_json::{Value, json};
 
 use crate::agent::{AgentConfig, NodeAgent};
 use crate::client::Client;
-use crate::resources::{Frontend, Node, Volume};
+use crate::resources::{Frontend, Node, Setting, SettingSpec, Volume};
 use crate::size::ByteSize;
-use crate::store::EmbeddedStore;
+use crate::store::{EmbeddedStore, TypedStore};
 
 #[derive(Debug, Parser)]
 #[command(name = "zebu", about = "Zebu replicated block storage", version)]
@@ -59,6 +59,10 @@ pub enum Command {
         /// Where the API listens (port 0 picks a free port).
         #[arg(long, default_value = "127.0.0.1:9500")]
         listen: SocketAddr,
+        /// Set a cluster setting at start, e.g.
+        /// `storage-minimal-available-percentage=10` (repeatable).
+        #[arg(long = "setting", value_name = "NAME=VALUE")]
+        settings: Vec<String>,
     },
     /// Nodes.
     #[command(subcommand)]
@@ -99,11 +103,17 @@ pub enum VolumeCmd {
         #[arg(long)]
         watch: bool,
     },
-    /// Attach a volume to a node.
+    /// Attach a volume to a node and print its endpoint once it is served.
     Attach {
         name: String,
         #[arg(long)]
         node: Option<String>,
+        /// Return at once instead of waiting for the endpoint.
+        #[arg(long)]
+        no_wait: bool,
+        /// Seconds to wait for the endpoint.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
     },
     /// Detach a volume.
     Detach { name: String },
@@ -170,7 +180,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             nodes,
             data_dir,
             listen,
-        } => up(nodes, data_dir, listen).await,
+            settings,
+        } => up(nodes, data_dir, listen, &settings).await,
         Command::Node(NodeCmd::Ls) => {
             let v = client.call(Method::GET, "/v1/nodes", None).await?;
             print_items(out, &v, node_table)
@@ -248,7 +259,12 @@ async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Result<
             }
             Ok(())
         }
-        VolumeCmd::Attach { name, node } => {
+        VolumeCmd::Attach {
+            name,
+            node,
+            no_wait,
+            timeout,
+        } => {
             let v = client
                 .call(
                     Method::POST,
@@ -256,7 +272,18 @@ async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Result<
                     Some(&json!({ "node": node })),
                 )
                 .await?;
-            print_one(out, &v, volume_table)
+            if no_wait {
+                return print_one(out, &v, volume_table);
+            }
+            let v = wait_attached(client, &name, Duration::from_secs(timeout)).await?;
+            match out {
+                // Just the endpoint, so `dev=$(zebu volume attach v)` works.
+                Output::Table => {
+                    println!("{}", v["status"]["endpoint"].as_str().unwrap_or(""));
+                    Ok(())
+                }
+                _ => print_value(out, &v),
+            }
         }
         VolumeCmd::Detach { name } => {
             let v = client
@@ -276,6 +303,28 @@ async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Result<
                 _ => print_value(out, &v),
             }
         }
+    }
+}
+
+/// Poll the volume until it is attached with an endpoint.
+async fn wait_attached(client: &Client, name: &str, timeout: Duration) -> anyhow::Result<Value> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let v = client
+            .call(Method::GET, &format!("/v1/volumes/{name}"), None)
+            .await?;
+        if v["status"]["state"] == "attached" && v["status"]["endpoint"].is_string() {
+            return Ok(v);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "volume {name} not attached after {} s (state {}, robustness {})",
+                timeout.as_secs(),
+                v["status"]["state"],
+                v["status"]["robustness"]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -403,7 +452,12 @@ fn node_table(items: &[Value]) -> anyhow::Result<String> {
 }
 
 /// `zebu up`: the store, the API and the node agents, until Ctrl-C/SIGTERM.
-async fn up(nodes: u8, data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()> {
+async fn up(
+    nodes: u8,
+    data_dir: PathBuf,
+    listen: SocketAddr,
+    settings: &[String],
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("creating data dir {}", data_dir.display()))?;
     let data_dir = data_dir
@@ -413,6 +467,28 @@ async fn up(nodes: u8, data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<
     let store = Arc::new(
         EmbeddedStore::open(&db).with_context(|| format!("opening store {}", db.display()))?,
     );
+    for s in settings {
+        let (name, value) = s
+            .split_once('=')
+            .with_context(|| format!("--setting {s:?}: expected NAME=VALUE"))?;
+        // Refuse unknown names and bad values before anything is stored.
+        crate::settings::Settings::default().set(name, value)?;
+        let mut obj = Setting::new(
+            name,
+            SettingSpec {
+                value: value.into(),
+            },
+        );
+        match store.get_as::<Setting>(name).await? {
+            Some(old) => {
+                obj.metadata = old.metadata;
+                store.update_as(&obj).await?;
+            }
+            None => {
+                store.create_as(&obj).await?;
+            }
+        }
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding the API to {listen}"))?;
@@ -426,6 +502,7 @@ async fn up(nodes: u8, data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<
             address: format!("127.0.0.{}", 10 + u32::from(i)),
             disks: BTreeMap::from([("disk-0".to_string(), data_dir.join(&name).join("disk-0"))]),
             heartbeat: Duration::from_secs(2),
+            log_dir: data_dir.join(&name).join("logs"),
         };
         let agent = NodeAgent::new(store.clone(), cfg);
         agent
@@ -434,6 +511,7 @@ async fn up(nodes: u8, data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<
             .with_context(|| format!("registering {name}"))?;
         agents.push(tokio::spawn(agent.run(stop_rx.clone())));
     }
+    let controllers = tokio::spawn(crate::controller::run(store.clone(), stop_rx.clone()));
     println!("zebu API listening on http://{addr}");
     println!(
         "data in {}, {nodes} nodes; Ctrl-C stops everything",
@@ -446,6 +524,9 @@ async fn up(nodes: u8, data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<
         .await
         .context("serving the API")?;
     let _ = stop_tx.send(true);
+    if let Err(e) = controllers.await {
+        tracing::warn!("controller task failed: {e}");
+    }
     for a in agents {
         match a.await {
             Ok(Ok(())) => {}

@@ -7,7 +7,11 @@
 //! - [`scheduler`]: a pure function that places replicas on node disks.
 //! - [`settings`]: the typed view of Setting objects, with defaults.
 //! - [`api`]: the REST API (axum); [`client`] and [`cli`]: the `zebu` CLI.
-//! - [`agent`]: the node agent (registers its Node, heartbeats disk capacity).
+//! - [`agent`]: the node agent (registers its Node, heartbeats disk capacity)
+//!   and, through [`instances`] and [`process`], runs the node's replica and
+//!   engine processes.
+//! - [`controller`]: the Volume and Node controllers; [`engine_rpc`]: the
+//!   calls they make to an engine's control API.
 //! - [`size`]: `10G`-style sizes shared by the API and the CLI.
 //!
 //! Controllers read and write only through [`store::Store`]; the REST API
@@ -26,6 +30,10 @@ pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod client;
+pub mod controller;
+pub mod engine_rpc;
+pub mod instances;
+pub mod process;
 pub mod resources;
 pub mod scheduler;
 pub mod settings;

@@ -390,6 +390,10 @@ pub struct EngineSpec {
     pub replica_addresses: BTreeMap<String, String>,
     #[serde(default)]
     pub frontend: Frontend,
+    /// Start with `--salvage`: every replica failed, so take the best one
+    /// even though it cannot be shown current (the manager's auto-salvage).
+    #[serde(default)]
+    pub salvage: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -417,6 +421,16 @@ pub struct EngineStatus {
     /// Replica name -> mode, as the engine reports it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub replica_modes: BTreeMap<String, ReplicaMode>,
+    /// Replica address -> mode, for addresses the engine has that no
+    /// Replica object names (left over from a replaced replica).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown_replicas: BTreeMap<String, ReplicaMode>,
+    /// The engine's own verdict: `healthy`, `degraded` or `faulted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_state: Option<String>,
+    /// Why it is in `Error` (the engine's last words), or a rebuild's state.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 resource!(

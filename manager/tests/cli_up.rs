@@ -132,7 +132,10 @@ fn up_serves_the_api_and_the_cli_drives_volumes() {
     let (code, err) = fails(&api, &["volume", "get", "nope"]);
     assert_eq!((code, err.trim()), (1, "zebu: volume \"nope\" not found"));
 
-    let v = ok_json(&api, &["volume", "attach", "db", "--node", "node-2"]);
+    let v = ok_json(
+        &api,
+        &["volume", "attach", "db", "--node", "node-2", "--no-wait"],
+    );
     assert_eq!(v["spec"]["nodeId"], "node-2");
     let (_, err) = fails(&api, &["volume", "attach", "db", "--node", "node-3"]);
     assert!(err.contains("already attached to node-2"), "{err}");

@@ -1,0 +1,89 @@
+//! The few calls the manager makes to an engine's control API
+//! (`zebu_proto::engine`), each bounded by a timeout so a hung engine cannot
+//! stall a node agent or a controller.
+
+use std::time::Duration;
+
+use zebu_proto::engine as pb;
+use zebu_proto::engine::engine_client::EngineClient;
+
+const RPC_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineRpcError {
+    #[error("engine at {addr}: cannot connect: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("engine at {addr}: {call} failed: {message}")]
+    Call {
+        addr: String,
+        call: &'static str,
+        message: String,
+    },
+    #[error("engine at {addr}: {call} timed out after {secs} s")]
+    Timeout {
+        addr: String,
+        call: &'static str,
+        secs: u64,
+    },
+}
+
+async fn connect(addr: &str) -> Result<EngineClient<tonic::transport::Channel>, EngineRpcError> {
+    let fut = EngineClient::connect(format!("http://{addr}"));
+    match tokio::time::timeout(RPC_TIMEOUT, fut).await {
+        Ok(r) => r.map_err(|source| EngineRpcError::Connect {
+            addr: addr.to_string(),
+            source,
+        }),
+        Err(_) => Err(EngineRpcError::Timeout {
+            addr: addr.to_string(),
+            call: "connect",
+            secs: RPC_TIMEOUT.as_secs(),
+        }),
+    }
+}
+
+async fn bounded<T>(
+    addr: &str,
+    call: &'static str,
+    fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, EngineRpcError> {
+    match tokio::time::timeout(RPC_TIMEOUT, fut).await {
+        Ok(Ok(r)) => Ok(r.into_inner()),
+        Ok(Err(s)) => Err(EngineRpcError::Call {
+            addr: addr.to_string(),
+            call,
+            message: s.message().to_string(),
+        }),
+        Err(_) => Err(EngineRpcError::Timeout {
+            addr: addr.to_string(),
+            call,
+            secs: RPC_TIMEOUT.as_secs(),
+        }),
+    }
+}
+
+pub async fn info(addr: &str) -> Result<pb::VolumeInfo, EngineRpcError> {
+    let mut c = connect(addr).await?;
+    bounded(addr, "Info", c.info(pb::InfoRequest {})).await
+}
+
+/// Add (or re-add) a replica; the engine brings it in sync in the background.
+pub async fn replica_add(addr: &str, replica: &str) -> Result<pb::VolumeInfo, EngineRpcError> {
+    let mut c = connect(addr).await?;
+    let req = pb::ReplicaAddRequest {
+        address: replica.to_string(),
+    };
+    bounded(addr, "ReplicaAdd", c.replica_add(req)).await
+}
+
+pub async fn replica_remove(addr: &str, replica: &str) -> Result<pb::VolumeInfo, EngineRpcError> {
+    let mut c = connect(addr).await?;
+    let req = pb::ReplicaRemoveRequest {
+        address: replica.to_string(),
+    };
+    bounded(addr, "ReplicaRemove", c.replica_remove(req)).await
+}

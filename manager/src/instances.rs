@@ -1,0 +1,574 @@
+//! The node agent's half of the data plane: make the Replica and Engine
+//! objects placed on this node true as processes, and report them.
+//!
+//! One pass ([`Instances::reconcile`]) looks at every Replica, then every
+//! Engine whose `spec.node` is this node:
+//!
+//! ```text
+//!  Replica/Engine           process found?        action
+//!  ───────────────────────  ────────────────────  ──────────────────────────────
+//!  deletionTimestamp set    yes                   SIGTERM (then SIGKILL), then ↓
+//!                           no                    replica: remove its directory;
+//!                                                 drop our finalizer (object goes)
+//!  wanted                   yes                   adopt: status Running, pid,
+//!                                                 address; engine: poll Info
+//!                           no                    status Starting (written first),
+//!                                                 start, status Running or Error
+//! ```
+//!
+//! Processes are found by command line ([`crate::process::find`]), so after a
+//! crash or restart of the manager the ones still running are adopted, and a
+//! process started just before a crash is never started a second time. A
+//! replica is restarted on the same directory and, when it can be, the same
+//! address, so the engine sees a former member come back and catches it up.
+//!
+//! Finally, replica directories under `<disk>/replicas/` that no Replica
+//! object names are removed: a directory is only ever created by starting a
+//! Replica's process, so one without an object is left over from a delete
+//! that was interrupted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+
+use crate::engine_rpc;
+use crate::process::{self, Identity, Launch};
+use crate::resources::{
+    Engine, EngineState, Frontend, Node, Replica, ReplicaMode, ReplicaState, Resource,
+};
+use crate::store::{Store, StoreError, TypedStore};
+
+/// Held by every Replica until its node agent removed its process and files.
+pub const REPLICA_FINALIZER: &str = "zebu.io/replica-cleanup";
+/// Held by every Engine until its node agent stopped its process.
+pub const ENGINE_FINALIZER: &str = "zebu.io/engine-stop";
+/// Replica directories live in this directory of a disk.
+pub const REPLICAS_DIR: &str = "replicas";
+
+const REPLICA_READY_TIMEOUT: Duration = Duration::from_secs(30);
+const ENGINE_READY_TIMEOUT: Duration = Duration::from_secs(60);
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceError {
+    #[error("node {node}: store: {source}")]
+    Store {
+        node: String,
+        #[source]
+        source: StoreError,
+    },
+    #[error("node {node}: removing {path}: {source}")]
+    Remove {
+        node: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Runs the processes of one node.
+pub struct Instances<S> {
+    store: Arc<S>,
+    node: String,
+    address: String,
+    log_dir: PathBuf,
+    grace: Duration,
+    /// Object name -> earliest next start attempt, after a failed start.
+    backoff: Mutex<HashMap<String, Instant>>,
+}
+
+pub fn replica_identity(r: &Replica) -> Identity {
+    Identity {
+        binary: "zebu-replica".into(),
+        args: vec![("--dir".into(), r.spec.data_path.clone())],
+        prefixed: vec![],
+    }
+}
+
+pub fn engine_identity(e: &Engine, node_address: &str) -> Identity {
+    Identity {
+        binary: "zebu-engine".into(),
+        args: vec![("--volume".into(), e.spec.volume.clone())],
+        prefixed: vec![("--control".into(), format!("{node_address}:"))],
+    }
+}
+
+fn parse_mode(m: &str) -> ReplicaMode {
+    match m {
+        "RW" => ReplicaMode::RW,
+        "WO" => ReplicaMode::WO,
+        _ => ReplicaMode::ERR,
+    }
+}
+
+/// The `host:port` of an `nbd://host:port/name` or `iscsi://host:port/...`.
+fn endpoint_hostport(endpoint: &str) -> Option<&str> {
+    endpoint.split_once("://")?.1.split('/').next()
+}
+
+impl<S: Store> Instances<S> {
+    pub fn new(store: Arc<S>, node: String, address: String, log_dir: PathBuf) -> Self {
+        Instances {
+            store,
+            node,
+            address,
+            log_dir,
+            grace: Duration::from_secs(10),
+            backoff: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn err(&self, source: StoreError) -> InstanceError {
+        InstanceError::Store {
+            node: self.node.clone(),
+            source,
+        }
+    }
+
+    /// Read-modify-write of an object's status, retried on conflicts.
+    /// `None` when the object is gone.
+    async fn write_status<R: Resource>(
+        &self,
+        name: &str,
+        edit: impl Fn(&mut R),
+    ) -> Result<Option<R>, InstanceError> {
+        for _ in 0..20 {
+            let Some(mut obj) = self
+                .store
+                .get_as::<R>(name)
+                .await
+                .map_err(|e| self.err(e))?
+            else {
+                return Ok(None);
+            };
+            let before = serde_json::to_value(&obj).ok();
+            edit(&mut obj);
+            if serde_json::to_value(&obj).ok() == before {
+                return Ok(Some(obj)); // unchanged: no write, no watch event
+            }
+            match self.store.update_status_as(&obj).await {
+                Ok(o) => return Ok(Some(o)),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        tracing::warn!(node = %self.node, kind = %R::KIND, name, "status lost to repeated conflicts");
+        Ok(None)
+    }
+
+    /// Remove `finalizer`, retried on conflicts; the store then deletes it.
+    async fn drop_finalizer<R: Resource>(
+        &self,
+        name: &str,
+        finalizer: &str,
+    ) -> Result<(), InstanceError> {
+        for _ in 0..20 {
+            let Some(mut obj) = self
+                .store
+                .get_as::<R>(name)
+                .await
+                .map_err(|e| self.err(e))?
+            else {
+                return Ok(());
+            };
+            obj.metadata_mut().finalizers.retain(|f| f != finalizer);
+            match self.store.update_as(&obj).await {
+                Ok(_) | Err(StoreError::NotFound { .. }) => return Ok(()),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn backing_off(&self, name: &str) -> bool {
+        let b = self.backoff.lock().await;
+        b.get(name).is_some_and(|t| Instant::now() < *t)
+    }
+
+    async fn failed(&self, name: &str) {
+        self.backoff
+            .lock()
+            .await
+            .insert(name.to_string(), Instant::now() + RETRY_AFTER_FAILURE);
+    }
+
+    /// One pass over this node's replicas and engines.
+    pub async fn reconcile(&self) -> Result<(), InstanceError> {
+        let replicas: Vec<Replica> = self.store.list_as().await.map_err(|e| self.err(e))?;
+        for r in replicas.iter().filter(|r| r.spec.node == self.node) {
+            if let Err(e) = self.reconcile_replica(r).await {
+                tracing::warn!(replica = %r.metadata.name, "{e}");
+            }
+        }
+        let engines: Vec<Engine> = self.store.list_as().await.map_err(|e| self.err(e))?;
+        for e in engines.iter().filter(|e| e.spec.node == self.node) {
+            if let Err(err) = self.reconcile_engine(e, &replicas).await {
+                tracing::warn!(engine = %e.metadata.name, "{err}");
+            }
+        }
+        self.remove_orphan_dirs().await
+    }
+
+    async fn reconcile_replica(&self, r: &Replica) -> Result<(), InstanceError> {
+        let name = &r.metadata.name;
+        let id = replica_identity(r);
+        let running = process::find(&id, r.status.pid);
+        if r.metadata.deletion_timestamp.is_some() {
+            if let Some(pid) = running {
+                process::stop(pid, &id, self.grace).await;
+            }
+            let dir = Path::new(&r.spec.data_path);
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => {
+                    tracing::info!(replica = %name, dir = %dir.display(), "replica directory removed")
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(InstanceError::Remove {
+                        node: self.node.clone(),
+                        path: dir.to_path_buf(),
+                        source,
+                    });
+                }
+            }
+            let _ = std::fs::remove_file(self.log_dir.join(format!("replica-{name}.out")));
+            return self
+                .drop_finalizer::<Replica>(name, REPLICA_FINALIZER)
+                .await;
+        }
+        let stdout = self.log_dir.join(format!("replica-{name}.out"));
+        if let Some(pid) = running {
+            // Adopt: the address is what the store says, else what it printed.
+            let address = r
+                .status
+                .address
+                .clone()
+                .or_else(|| process::announced(&stdout).remove("listening"));
+            self.write_status::<Replica>(name, |o| {
+                o.status.state = ReplicaState::Running;
+                o.status.pid = Some(pid);
+                o.status.address = address.clone();
+                o.status.message.clear();
+            })
+            .await?;
+            return Ok(());
+        }
+        if self.backing_off(name).await {
+            return Ok(());
+        }
+        if r.status.state == ReplicaState::Running {
+            tracing::warn!(replica = %name, pid = ?r.status.pid, "replica process is gone; restarting it");
+        }
+        // Same address as before when there was one, so the engine sees a
+        // former member come back.
+        let listen = r
+            .status
+            .address
+            .clone()
+            .unwrap_or_else(|| format!("{}:0", self.address));
+        self.write_status::<Replica>(name, |o| {
+            o.status.state = ReplicaState::Starting;
+            o.status.pid = None;
+        })
+        .await?;
+        let launch = match process::binary("zebu-replica") {
+            Ok(binary) => Launch {
+                what: format!("replica {name}"),
+                binary,
+                args: vec![
+                    "serve".into(),
+                    "--dir".into(),
+                    r.spec.data_path.clone(),
+                    "--listen".into(),
+                    listen.clone(),
+                    "--size".into(),
+                    r.spec.size.bytes().to_string(),
+                ],
+                stdout,
+                log: self.log_dir.join(format!("replica-{name}.log")),
+                ready_prefix: "listening on ".into(),
+                timeout: REPLICA_READY_TIMEOUT,
+            },
+            Err(e) => return self.replica_failed(name, &e.to_string(), false).await,
+        };
+        match process::launch(&launch).await {
+            Ok(started) => {
+                let address = started.announced.get("listening").cloned();
+                self.write_status::<Replica>(name, |o| {
+                    o.status.state = ReplicaState::Running;
+                    o.status.pid = Some(started.pid);
+                    o.status.address = address.clone();
+                    o.status.message.clear();
+                })
+                .await?;
+                tracing::info!(replica = %name, pid = started.pid, address = ?address, "replica running");
+                Ok(())
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                // The old port is taken by someone else: take a new one next
+                // time; the volume controller re-adds the new address.
+                let forget = msg.contains("in use");
+                self.replica_failed(name, &msg, forget).await
+            }
+        }
+    }
+
+    async fn replica_failed(
+        &self,
+        name: &str,
+        msg: &str,
+        forget_address: bool,
+    ) -> Result<(), InstanceError> {
+        tracing::warn!(replica = %name, "cannot start: {msg}");
+        self.failed(name).await;
+        self.write_status::<Replica>(name, |o| {
+            o.status.state = ReplicaState::Error;
+            o.status.pid = None;
+            o.status.message = msg.to_string();
+            if forget_address {
+                o.status.address = None;
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn reconcile_engine(
+        &self,
+        e: &Engine,
+        replicas: &[Replica],
+    ) -> Result<(), InstanceError> {
+        let name = &e.metadata.name;
+        let id = engine_identity(e, &self.address);
+        let running = process::find(&id, e.status.pid);
+        if e.metadata.deletion_timestamp.is_some() {
+            if let Some(pid) = running {
+                process::stop(pid, &id, self.grace).await;
+            }
+            return self.drop_finalizer::<Engine>(name, ENGINE_FINALIZER).await;
+        }
+        let stdout = self.log_dir.join(format!("engine-{name}.out"));
+        if let Some(pid) = running {
+            return self.observe_engine(e, pid, &stdout, replicas).await;
+        }
+        if self.backing_off(name).await {
+            return Ok(());
+        }
+        if e.status.state == EngineState::Running {
+            tracing::warn!(engine = %name, pid = ?e.status.pid, "engine process is gone; restarting it");
+        }
+        self.write_status::<Engine>(name, |o| {
+            o.status.state = EngineState::Starting;
+            o.status.pid = None;
+        })
+        .await?;
+        let binary = match process::binary("zebu-engine") {
+            Ok(b) => b,
+            Err(err) => return self.engine_failed(name, &err.to_string()).await,
+        };
+        let launch = Launch {
+            what: format!("engine {name}"),
+            binary,
+            args: self.engine_args(e),
+            stdout: stdout.clone(),
+            log: self.log_dir.join(format!("engine-{name}.log")),
+            ready_prefix: "ready".into(),
+            timeout: ENGINE_READY_TIMEOUT,
+        };
+        match process::launch(&launch).await {
+            Ok(started) => {
+                tracing::info!(engine = %name, pid = started.pid, "engine running");
+                self.observe_engine(e, started.pid, &stdout, replicas).await
+            }
+            Err(err) => self.engine_failed(name, &err.to_string()).await,
+        }
+    }
+
+    fn engine_args(&self, e: &Engine) -> Vec<String> {
+        let addr = &self.address;
+        // Reuse the previous ports after a restart so clients reconnect to
+        // the same endpoint.
+        let control = e
+            .status
+            .control_address
+            .clone()
+            .unwrap_or_else(|| format!("{addr}:0"));
+        let frontend_listen = e
+            .status
+            .endpoint
+            .as_deref()
+            .and_then(endpoint_hostport)
+            .map_or_else(|| format!("{addr}:0"), str::to_string);
+        let mut args = vec![
+            "serve".to_string(),
+            "--volume".into(),
+            e.spec.volume.clone(),
+            "--size".into(),
+            e.spec.size.bytes().to_string(),
+            "--control".into(),
+            control,
+            "--local-host".into(),
+            addr.clone(),
+        ];
+        for a in e.spec.replica_addresses.values() {
+            args.extend(["--replica".into(), a.clone()]);
+        }
+        match e.spec.frontend {
+            Frontend::Nbd => {
+                args.extend(["--frontend".into(), "nbd".into(), "--nbd-listen".into()])
+            }
+            Frontend::Iscsi => {
+                args.extend(["--frontend".into(), "iscsi".into(), "--iscsi-listen".into()]);
+            }
+        }
+        args.push(frontend_listen);
+        if e.spec.salvage {
+            args.push("--salvage".into());
+        }
+        args
+    }
+
+    async fn engine_failed(&self, name: &str, msg: &str) -> Result<(), InstanceError> {
+        tracing::warn!(engine = %name, "cannot start: {msg}");
+        self.failed(name).await;
+        self.write_status::<Engine>(name, |o| {
+            o.status.state = EngineState::Error;
+            o.status.pid = None;
+            o.status.message = msg.to_string();
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Record a running engine: pid, endpoints, and what its Info says.
+    async fn observe_engine(
+        &self,
+        e: &Engine,
+        pid: u32,
+        stdout: &Path,
+        replicas: &[Replica],
+    ) -> Result<(), InstanceError> {
+        let said = process::announced(stdout);
+        let control = e
+            .status
+            .control_address
+            .clone()
+            .or_else(|| said.get("control").cloned());
+        let endpoint = e
+            .status
+            .endpoint
+            .clone()
+            .or_else(|| said.get("nbd").or_else(|| said.get("iscsi")).cloned());
+        let by_addr: BTreeMap<&str, &str> = replicas
+            .iter()
+            .filter(|r| r.spec.volume == e.spec.volume)
+            .filter_map(|r| Some((r.status.address.as_deref()?, r.metadata.name.as_str())))
+            .collect();
+        let info = match &control {
+            Some(c) => engine_rpc::info(c).await.map_err(|err| err.to_string()),
+            None => Err("the engine has not printed its control address".to_string()),
+        };
+        self.write_status::<Engine>(&e.metadata.name, |o| {
+            o.status.state = EngineState::Running;
+            o.status.pid = Some(pid);
+            o.status.control_address = control.clone();
+            o.status.endpoint = endpoint.clone();
+            match &info {
+                Ok(i) => {
+                    o.status.volume_state = Some(i.state.clone());
+                    o.status.replica_modes.clear();
+                    o.status.unknown_replicas.clear();
+                    for r in &i.replicas {
+                        let mode = parse_mode(&r.mode);
+                        match by_addr.get(r.address.as_str()) {
+                            Some(n) => {
+                                o.status.replica_modes.insert((*n).to_string(), mode);
+                            }
+                            None => {
+                                o.status.unknown_replicas.insert(r.address.clone(), mode);
+                            }
+                        }
+                    }
+                    o.status.message.clear();
+                }
+                Err(err) => o.status.message = err.clone(),
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn remove_orphan_dirs(&self) -> Result<(), InstanceError> {
+        let Some(node) = self
+            .store
+            .get_as::<Node>(&self.node)
+            .await
+            .map_err(|e| self.err(e))?
+        else {
+            return Ok(());
+        };
+        // Directories first, objects second: a directory seen here was
+        // created for an object that already existed, so it is in the list
+        // unless it was deleted since.
+        let mut dirs = Vec::new();
+        for disk in node.spec.disks.values() {
+            let Ok(rd) = std::fs::read_dir(Path::new(&disk.path).join(REPLICAS_DIR)) else {
+                continue;
+            };
+            dirs.extend(rd.filter_map(|e| Some(e.ok()?.path())));
+        }
+        if dirs.is_empty() {
+            return Ok(());
+        }
+        let replicas: Vec<Replica> = self.store.list_as().await.map_err(|e| self.err(e))?;
+        for dir in dirs {
+            let known = replicas
+                .iter()
+                .any(|r| Path::new(&r.spec.data_path) == dir.as_path());
+            let path = dir.display().to_string();
+            let id = Identity {
+                binary: "zebu-replica".into(),
+                args: vec![("--dir".into(), path.clone())],
+                prefixed: vec![],
+            };
+            if known || process::find(&id, None).is_some() {
+                continue;
+            }
+            tracing::warn!(node = %self.node, dir = %path, "removing a replica directory no Replica names");
+            std::fs::remove_dir_all(&dir).map_err(|source| InstanceError::Remove {
+                node: self.node.clone(),
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Stop every process of this node (engines first, so they flush to
+    /// their replicas), leaving the objects as they are: the next start of
+    /// the agent finds the processes gone and starts them again.
+    pub async fn stop_all(&self) {
+        if let Ok(engines) = self.store.list_as::<Engine>().await {
+            for e in engines.iter().filter(|e| e.spec.node == self.node) {
+                let id = engine_identity(e, &self.address);
+                if let Some(pid) = process::find(&id, e.status.pid) {
+                    process::stop(pid, &id, self.grace).await;
+                }
+            }
+        }
+        if let Ok(replicas) = self.store.list_as::<Replica>().await {
+            for r in replicas.iter().filter(|r| r.spec.node == self.node) {
+                let id = replica_identity(r);
+                if let Some(pid) = process::find(&id, r.status.pid) {
+                    process::stop(pid, &id, self.grace).await;
+                }
+            }
+        }
+    }
+}
