@@ -242,7 +242,7 @@ async fn serve(args: ServeArgs, control: Option<String>) -> anyhow::Result<()> {
         tonic::transport::Server::builder()
             .add_service(svc)
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 stop,
             )
             .await

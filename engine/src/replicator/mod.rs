@@ -420,12 +420,118 @@ impl Volume {
         self.commit_membership().await.map_err(|e| e.to_string())
     }
 
+    /// Makes `target` hold what `source` holds in `start..start+len`: compares CRC32C of every
+    /// 4 KiB block and copies only the runs that differ. Returns the bytes copied. The caller
+    /// keeps writes out of the range (range lock, or no I/O yet).
+    async fn copy_differing(
+        &self,
+        source: &Replica,
+        target: &Replica,
+        start: u64,
+        len: u64,
+    ) -> Result<u64, String> {
+        const BLOCK: u64 = 4096;
+        /// Checksums are asked for this much at a time.
+        const PIECE: u64 = 16 << 20;
+        let mut copied = 0;
+        let mut at = start;
+        while at < start + len {
+            let n = PIECE.min(start + len - at);
+            let want = block_sums(source, at, n).await?;
+            let have = block_sums(target, at, n).await?;
+            if want.len() != have.len() {
+                return Err(format!(
+                    "{} and {} answered checksums of different lengths",
+                    source.addr, target.addr
+                ));
+            }
+            let mut i = 0;
+            while i < want.len() {
+                if want[i] == have[i] {
+                    i += 1;
+                    continue;
+                }
+                let first = i;
+                while i < want.len()
+                    && want[i] != have[i]
+                    && ((i - first) as u64) < MAX_PIECE / BLOCK
+                {
+                    i += 1;
+                }
+                let (off, len) = (at + first as u64 * BLOCK, (i - first) as u64 * BLOCK);
+                let data = source
+                    .data
+                    .read(self.next_id(), off, len)
+                    .await
+                    .map_err(|e| format!("{}: {e}", source.addr))?;
+                target
+                    .data
+                    .write(self.next_id(), off, data)
+                    .await
+                    .map_err(|e| format!("{}: {e}", target.addr))?;
+                copied += len;
+            }
+            at += n;
+        }
+        Ok(copied)
+    }
+
     pub fn rebuild_status(&self) -> RebuildStatus {
         self.rebuild
             .lock()
             .expect("invariant: rebuild lock")
             .clone()
     }
+}
+
+/// The byte ranges that may have been written on any of `replicas` after flush `since`,
+/// merged and clipped to `size`. Each replica reports regions of its own region size (they
+/// may differ between replicas created by different versions).
+async fn written_ranges(
+    replicas: &[&Replica],
+    since: u64,
+    size: u64,
+) -> Result<Vec<std::ops::Range<u64>>, String> {
+    let mut all = Vec::new();
+    for r in replicas {
+        let resp = r
+            .control()
+            .written_since(pb::WrittenSinceRequest { flush: since })
+            .await
+            .map_err(|s| format!("{}: WrittenSince: {}", r.addr, s.message()))?
+            .into_inner();
+        let rs = resp.region_size.max(4096);
+        all.extend(
+            resp.regions
+                .iter()
+                .map(|&g| (g * rs).min(size)..((g + 1) * rs).min(size)),
+        );
+    }
+    all.retain(|r| !r.is_empty());
+    all.sort_by_key(|r| r.start);
+    let mut merged: Vec<std::ops::Range<u64>> = Vec::new();
+    for r in all {
+        match merged.last_mut() {
+            Some(last) if last.end >= r.start => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    Ok(merged)
+}
+
+/// CRC32C of every 4 KiB block of a range on one replica.
+async fn block_sums(r: &Replica, offset: u64, len: u64) -> Result<Vec<u32>, String> {
+    let resp = r
+        .control()
+        .checksums(pb::ChecksumsRequest {
+            offset,
+            length: len,
+            block_size: 4096,
+        })
+        .await
+        .map_err(|s| format!("{}: Checksums: {}", r.addr, s.message()))?
+        .into_inner();
+    Ok(resp.crc32c)
 }
 
 impl BlockDevice for Volume {

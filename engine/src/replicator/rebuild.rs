@@ -21,7 +21,6 @@
 //! epoch. A replica that fits neither (a stale former member whose chain differs) is refused
 //! with the reason: it must be given a fresh directory.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -31,7 +30,7 @@ use serde::Serialize;
 use zebu_proto::replica as pb;
 
 use super::start::{chain_names, is_local};
-use super::{GrpcDataPath, Mode, Replica, Volume, connect_channel, control_client};
+use super::{GrpcDataPath, Mode, Replica, Volume, connect_channel, control_client, written_ranges};
 use crate::blockdev::BlockDevice;
 
 /// Control operations that move data (merges, layer copies) get this long.
@@ -68,35 +67,38 @@ impl Volume {
         }
         let v = self.clone();
         let addr = addr.to_string();
+        tokio::spawn(async move { v.rebuild(&addr).await });
+        Ok(())
+    }
+
+    /// Brings the replica at `addr` in sync (waiting for a rebuild already running), keeping
+    /// [`Volume::rebuild_status`] up to date.
+    pub async fn rebuild(self: &Arc<Self>, addr: &str) -> Result<(), String> {
+        let _ops = self.ops.lock().await;
         self.set_status(|s| {
             *s = RebuildStatus {
-                replica: addr.clone(),
+                replica: addr.to_string(),
                 state: "running".into(),
                 ..Default::default()
             }
         });
-        tokio::spawn(async move {
-            let res = v.rebuild(&addr).await;
-            v.set_status(|s| match &res {
-                Ok(()) => s.state = "done".into(),
-                Err(e) => {
-                    s.state = "failed".into();
-                    s.error = e.clone();
-                }
-            });
-            match res {
-                Ok(()) => tracing::info!(volume = %v.name(), replica = %addr, "rebuild done"),
-                Err(e) => {
-                    tracing::warn!(volume = %v.name(), replica = %addr, "rebuild failed: {e}")
-                }
+        let res = self.rebuild_locked(addr).await;
+        self.set_status(|s| match &res {
+            Ok(()) => s.state = "done".into(),
+            Err(e) => {
+                s.state = "failed".into();
+                s.error = e.clone();
             }
         });
-        Ok(())
+        match &res {
+            Ok(()) => tracing::info!(volume = %self.name(), replica = %addr, "rebuild done"),
+            Err(e) => tracing::warn!(volume = %self.name(), replica = %addr, "rebuild failed: {e}"),
+        }
+        res
     }
 
-    /// The whole rebuild of one replica; see the module comment.
-    pub async fn rebuild(self: &Arc<Self>, addr: &str) -> Result<(), String> {
-        let _ops = self.ops.lock().await;
+    /// The whole rebuild of one replica; see the module comment. The caller holds `ops`.
+    async fn rebuild_locked(self: &Arc<Self>, addr: &str) -> Result<(), String> {
         if let Some(r) = self.replicas().into_iter().find(|r| r.addr == addr) {
             if r.mode() != Mode::ERR {
                 return Err(format!(
@@ -199,56 +201,28 @@ impl Volume {
     }
 
     async fn catch_up(&self, target: &Arc<Replica>, since: u64) -> Result<(), String> {
-        let mut regions = BTreeSet::new();
-        let mut region_size = 0;
-        for r in self.with_mode(&[Mode::RW]).iter().chain([target]) {
-            let resp = r
-                .control()
-                .written_since(pb::WrittenSinceRequest { flush: since })
-                .await
-                .map_err(|s| format!("{}: WrittenSince: {}", r.addr, s.message()))?
-                .into_inner();
-            region_size = resp.region_size;
-            regions.extend(resp.regions);
-        }
-        let size = self.size();
-        self.set_status(|s| s.bytes_total = (regions.len() as u64 * region_size).min(size));
-        for region in regions {
-            let start = region * region_size;
-            if start >= size {
-                continue;
+        let mut from: Vec<&Replica> = Vec::new();
+        let rw = self.with_mode(&[Mode::RW]);
+        from.extend(rw.iter().map(|r| r.as_ref()));
+        from.push(target);
+        let ranges = written_ranges(&from, since, self.size()).await?;
+        self.set_status(|s| s.bytes_total = ranges.iter().map(|r| r.end - r.start).sum());
+        for range in ranges {
+            // Piece by piece, so writes to the range wait for one piece at most.
+            let mut at = range.start;
+            while at < range.end {
+                let len = (16 << 20).min(range.end - at);
+                let _lock = self.ranges.lock(at..at + len).await;
+                let source = self
+                    .pick_reader()
+                    .ok_or_else(|| self.faulted().to_string())?;
+                let copied = self.copy_differing(&source, target, at, len).await?;
+                self.set_status(|s| {
+                    s.bytes_copied += copied;
+                    s.bytes_done += len;
+                });
+                at += len;
             }
-            let len = region_size.min(size - start);
-            let _lock = self.ranges.lock(start..start + len).await;
-            let source = self
-                .pick_reader()
-                .ok_or_else(|| self.faulted().to_string())?;
-            let want = block_sums(&source, start, len).await?;
-            let have = block_sums(target, start, len).await?;
-            let mut i = 0;
-            while i < want.len() {
-                if want[i] == have.get(i).copied().unwrap_or(!want[i]) {
-                    i += 1;
-                    continue;
-                }
-                let first = i;
-                while i < want.len() && want[i] != have.get(i).copied().unwrap_or(!want[i]) {
-                    i += 1;
-                }
-                let (off, n) = (start + first as u64 * 4096, (i - first) as u64 * 4096);
-                let data = source
-                    .data
-                    .read(self.next_id(), off, n)
-                    .await
-                    .map_err(|e| format!("{}: {e}", source.addr))?;
-                target
-                    .data
-                    .write(self.next_id(), off, data)
-                    .await
-                    .map_err(|e| format!("{}: {e}", target.addr))?;
-                self.set_status(|s| s.bytes_copied += n);
-            }
-            self.set_status(|s| s.bytes_done += len);
         }
         Ok(())
     }
@@ -366,7 +340,9 @@ impl Volume {
             let chunk = match tokio::time::timeout(stall, reader.next()).await {
                 Ok(Some(c)) => c,
                 Ok(None) => break,
-                Err(_) => Err(tonic::Status::deadline_exceeded(format!("no data for {stall:?}"))),
+                Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                    "no data for {stall:?}"
+                ))),
             };
             match chunk {
                 Ok(c) => {
@@ -403,18 +379,4 @@ impl Volume {
 enum CopyError {
     Source(String),
     Target(String),
-}
-
-async fn block_sums(r: &Replica, offset: u64, len: u64) -> Result<Vec<u32>, String> {
-    let resp = r
-        .control()
-        .checksums(pb::ChecksumsRequest {
-            offset,
-            length: len,
-            block_size: 4096,
-        })
-        .await
-        .map_err(|s| format!("{}: Checksums: {}", r.addr, s.message()))?
-        .into_inner();
-    Ok(resp.crc32c)
 }

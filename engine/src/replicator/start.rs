@@ -10,8 +10,9 @@
 //!    engine: a replica refuses data streams of lower generations from then on.
 //! 3. The current replicas may differ only in regions written since the oldest flush any of
 //!    them completed (the replicas keep that record on disk, see `regions.rs` of the
-//!    replica). Those regions are compared by checksum and copied from the replica with the
-//!    highest flush number to the others. Then one flush makes them all durable and equal,
+//!    replica). Those regions are compared block by block (CRC32C of each 4 KiB) and the
+//!    blocks that differ are copied from the replica with the highest flush number to the
+//!    others. Then one flush makes them all durable and equal,
 //!    and a new epoch is recorded.
 //! 4. Replicas that are reachable but not current are left out; the caller rebuilds them.
 
@@ -26,7 +27,7 @@ use zebu_proto::replica::replica_client::ReplicaClient;
 
 use super::{
     GrpcDataPath, Membership, Mode, RangeLock, RebuildStatus, Replica, Volume, VolumeConfig,
-    connect_channel, control_client,
+    connect_channel, control_client, written_ranges,
 };
 
 /// How an engine starts.
@@ -258,22 +259,13 @@ impl Volume {
             .map(|p| p.info.flush_number)
             .min()
             .unwrap_or(0);
-        let mut regions = BTreeSet::new();
-        let mut region_size = 0;
-        for p in current {
-            let mut c = control_client(p.channel.clone());
-            let r = c
-                .written_since(pb::WrittenSinceRequest { flush: oldest })
-                .await
-                .map_err(|s| format!("{}: WrittenSince: {}", p.addr, s.message()))?
-                .into_inner();
-            region_size = r.region_size;
-            regions.extend(r.regions);
-        }
-        if regions.is_empty() || region_size == 0 {
+        let reps = self.replicas();
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        let all: Vec<&Replica> = reps.iter().map(|r| r.as_ref()).collect();
+        let ranges = written_ranges(&all, oldest, size).await?;
+        if ranges.is_empty() {
             return Ok(());
         }
-        let reps = self.replicas();
         let source_addr = current
             .iter()
             .max_by_key(|p| p.info.flush_number)
@@ -289,52 +281,18 @@ impl Volume {
             .filter(|r| r.addr != source_addr)
             .cloned()
             .collect();
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
         let mut copied = 0u64;
-        for r in &regions {
-            let start = r * region_size;
-            if start >= size {
-                continue;
-            }
-            let len = region_size.min(size - start);
-            let want = checksum(&source, start, len).await?;
+        for r in &ranges {
             for o in &others {
-                if checksum(o, start, len).await? == want {
-                    continue;
-                }
-                let data = source
-                    .data
-                    .read(self.next_id(), start, len)
-                    .await
-                    .map_err(|e| format!("{}: {e}", source.addr))?;
-                o.data
-                    .write(self.next_id(), start, data)
-                    .await
-                    .map_err(|e| format!("{}: {e}", o.addr))?;
-                copied += len;
+                copied += self
+                    .copy_differing(&source, o, r.start, r.end - r.start)
+                    .await?;
             }
         }
-        tracing::info!(volume = %self.config.name, regions = regions.len(), copied, source = %source_addr,
+        tracing::info!(volume = %self.config.name, ranges = ranges.len(), copied, source = %source_addr,
             "reconciled regions written since flush {oldest}");
         Ok(())
     }
-}
-
-async fn checksum(r: &Replica, offset: u64, len: u64) -> Result<u32, String> {
-    let mut c = r.control();
-    let resp = c
-        .checksums(pb::ChecksumsRequest {
-            offset,
-            length: len,
-            block_size: len.div_ceil(4096) * 4096,
-        })
-        .await
-        .map_err(|s| format!("{}: Checksums: {}", r.addr, s.message()))?
-        .into_inner();
-    resp.crc32c
-        .first()
-        .copied()
-        .ok_or_else(|| format!("{}: empty checksum answer", r.addr))
 }
 
 /// Current replicas must have the same snapshot chain. One that lacks only the newest

@@ -445,11 +445,12 @@ fn open_or_create_refuses_other_sizes_and_foreign_dirs() {
 fn dirty_regions_track_writes_until_flush() {
     rt().block_on(async {
         let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
-        let r = Replica::create(dir.path(), 16 << 20, io())
+        let r = Replica::create(dir.path(), 256 << 20, io())
             .await
             .expect("create");
-        r.write(3 << 20, pattern(1, 4096)).await.expect("write");
-        r.unmap(5 << 20, 8192).await.expect("unmap");
+        let rs = r.info().region_size;
+        r.write(3 * rs, pattern(1, 4096)).await.expect("write");
+        r.unmap(5 * rs, 8192).await.expect("unmap");
         assert_eq!(r.info().dirty_regions, vec![3, 5]);
         assert_eq!(r.flush(0).await.expect("flush"), 1);
         let ahead = super::regions::LOOKAHEAD;
@@ -465,7 +466,9 @@ fn dirty_regions_track_writes_until_flush() {
             1 + ahead
         );
         assert!(r.info().dirty_regions.is_empty());
-        r.write(7 << 20, pattern(2, 4096)).await.expect("write");
+        r.write(7 * rs + 4096, pattern(2, 4096))
+            .await
+            .expect("write");
         assert_eq!(r.regions_written_since(0), vec![3, 5, 7]);
         assert_eq!(r.regions_written_since(1 + ahead), vec![7]);
         assert!(r.flush(ahead).await.is_err(), "flush numbers never go back");
