@@ -183,6 +183,9 @@ pub struct IoConfig {
     /// SQ size of the io_uring ring; one entry is kept for the wake-up read, the rest bound
     /// the operations in flight (more wait in a queue).
     pub uring_entries: u32,
+    /// Rings of the io_uring back end, each with its own thread (see the `uring` module docs
+    /// for why more than one).
+    pub uring_rings: usize,
     /// Threads of the thread-pool back end, which is also its maximum queue depth.
     pub threads: usize,
     /// Largest length given to the kernel in one call; longer requests are issued in pieces,
@@ -194,6 +197,7 @@ impl Default for IoConfig {
     fn default() -> IoConfig {
         IoConfig {
             uring_entries: 256,
+            uring_rings: 4,
             threads: 8,
             max_chunk: MAX_CHUNK,
         }
@@ -241,14 +245,16 @@ impl IoEngine {
             explicit => explicit,
         };
         let executor = match kind {
-            BackendKind::Uring => {
-                Executor::Uring(UringBackend::start(config.uring_entries, max_chunk)?)
-            }
+            BackendKind::Uring => Executor::Uring(UringBackend::start(
+                config.uring_entries,
+                config.uring_rings,
+                max_chunk,
+            )?),
             BackendKind::Threads => {
                 Executor::Threads(ThreadPool::start(config.threads, max_chunk)?)
             }
             BackendKind::Auto if uring_allowed() => {
-                match UringBackend::start(config.uring_entries, max_chunk) {
+                match UringBackend::start(config.uring_entries, config.uring_rings, max_chunk) {
                     Ok(uring) => Executor::Uring(uring),
                     Err(e) => {
                         // The probe passed, so this is a resource limit (e.g. locked memory on

@@ -39,7 +39,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write as _};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -90,18 +90,45 @@ pub(super) fn probe() -> io::Result<()> {
     cqe_result(cqe.result()).map(|_| ())
 }
 
-/// Handle to the ring thread; dropping it shuts the thread down and joins it.
+/// The io_uring back end: several rings, each with its own thread; requests are spread over
+/// them round-robin. Dropping it shuts every thread down and joins it.
 pub(super) struct UringBackend {
+    rings: Vec<RingThread>,
+    next: AtomicUsize,
+}
+
+impl UringBackend {
+    /// Sets up `rings` rings of `entries` SQEs each and starts their threads. Errors from ring
+    /// setup are returned here, not later (rings already started are shut down).
+    pub(super) fn start(entries: u32, rings: usize, max_chunk: usize) -> io::Result<UringBackend> {
+        let rings = (0..rings.max(1))
+            .map(|i| RingThread::start(i, entries, max_chunk))
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(UringBackend {
+            rings,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// Queues `req` on the next ring. Requests in flight at the same time are unordered
+    /// anyway, so which ring serves which request does not matter for correctness; a sync
+    /// covers every write its caller has seen complete, whichever ring ran it.
+    pub(super) fn submit(&self, req: Request) {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.rings.len();
+        self.rings[i].submit(req);
+    }
+}
+
+/// Handle to one ring thread; dropping it shuts the thread down and joins it.
+struct RingThread {
     /// `None` only while dropping.
     tx: Option<mpsc::Sender<Request>>,
     waker: Arc<Waker>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl UringBackend {
-    /// Sets up a ring of `entries` SQEs and starts its thread. Errors from ring setup are
-    /// returned here, not later.
-    pub(super) fn start(entries: u32, max_chunk: usize) -> io::Result<UringBackend> {
+impl RingThread {
+    fn start(index: usize, entries: u32, max_chunk: usize) -> io::Result<RingThread> {
         let ring = IoUring::builder().setup_clamp().build(entries.max(2))?;
         let sq = ring.params().sq_entries() as usize;
         let cq = ring.params().cq_entries() as usize;
@@ -124,10 +151,10 @@ impl UringBackend {
             max_chunk,
         };
         let thread = std::thread::Builder::new()
-            .name("zebu-uring".into())
+            .name(format!("zebu-uring-{index}"))
             .spawn(move || reactor.run())?;
-        tracing::debug!(sq, cq, capacity, "io_uring back end started");
-        Ok(UringBackend {
+        tracing::debug!(index, sq, cq, capacity, "io_uring ring started");
+        Ok(RingThread {
             tx: Some(tx),
             waker,
             thread: Some(thread),
@@ -136,7 +163,7 @@ impl UringBackend {
 
     /// Queues `req` and wakes the thread. If the thread is gone, the request (and its reply
     /// sender) is dropped, which the caller sees as a closed reply channel.
-    pub(super) fn submit(&self, req: Request) {
+    fn submit(&self, req: Request) {
         if let Some(tx) = &self.tx
             && tx.send(req).is_ok()
         {
@@ -145,7 +172,7 @@ impl UringBackend {
     }
 }
 
-impl Drop for UringBackend {
+impl Drop for RingThread {
     fn drop(&mut self) {
         self.tx = None;
         // Unconditional: `pending` may be set by a wake the thread has already consumed.
