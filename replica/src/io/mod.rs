@@ -6,8 +6,10 @@
 //! filesystem that refuses `O_DIRECT` (overlayfs, tmpfs before Linux 6.6) is opened buffered
 //! instead ([`DataFile::open`]).
 //!
-//! - `uring` — one thread owns a ring, batches submissions from a channel and reaps
-//!   completions; up to `IoConfig::uring_entries - 1` operations in flight.
+//! - `uring` — `IoConfig::uring_rings` rings, each owned by one thread that batches
+//!   submissions from a channel and reaps completions; up to `IoConfig::uring_entries - 1`
+//!   operations in flight per ring. Its module docs say why several rings, and what happens
+//!   to writes that allocate blocks (they are faster through io_uring than through the pool).
 //! - `threads` — a fixed pool of `IoConfig::threads` threads doing `pread`/`pwrite`.
 //! - `request` — what both share: the request type, and the one place that decides what a
 //!   short transfer, `EINTR`/`EAGAIN` or end-of-file means.

@@ -1,7 +1,8 @@
-//! The io_uring back end: one thread owns a ring and does all submission and reaping.
+//! The io_uring back end: a few rings, each owned by one thread that does all its submission
+//! and reaping; requests are spread over the rings round-robin.
 //!
 //! ```text
-//!  async callers ──mpsc──▶ ┌──────────── zebu-uring thread ─────────────┐
+//!  async callers ──mpsc──▶ ┌──────────── zebu-uring-N thread ───────────┐
 //!   (oneshot each)         │ accept: drain channel into the backlog     │
 //!        ▲                 │ fill:   backlog → free slots → SQEs        │
 //!        │  eventfd write  │ wait:   io_uring_enter(submit, wait ≥ 1)   │
@@ -9,10 +10,31 @@
 //!                          └────────────────────────────────────────────┘
 //! ```
 //!
-//! Why a dedicated thread rather than a ring per tokio worker: one owner means the ring needs
-//! no locking, every SQE and the memory it points at are owned by the same code, and batching
-//! falls out naturally — everything that arrived since the last wait is submitted with one
-//! `io_uring_enter`.
+//! Why a dedicated thread per ring rather than a ring per tokio worker: one owner means the
+//! ring needs no locking, every SQE and the memory it points at are owned by the same code,
+//! and batching falls out naturally — everything that arrived since the last wait is
+//! submitted with one `io_uring_enter`.
+//!
+//! Why several rings (`IoConfig::uring_rings`, 4 by default) rather than one: every request
+//! crosses the ring thread twice (wake to submit, then reap and reply), so with one ring that
+//! thread is a single point every request waits on. On a loaded machine (measured: 2 cores,
+//! load average ~9) the ring thread used only ~13% of a CPU yet spent its time waiting to be
+//! scheduled, and all 32 requests in flight stalled with it; the 8-thread pool lost only one
+//! request per descheduled thread. Through the store, one ring was 0.55–0.9× the pool; four
+//! rings were 1.0–1.3× (random I/O) in the same runs (benches/README.md, `replica_io`).
+//! Requests in flight together are unordered anyway, so any ring may serve any request.
+//!
+//! Allocating writes (the store writes into sparse layer files): ext4 cannot do an
+//! `O_DIRECT` write that allocates without blocking, so io_uring's non-blocking attempt
+//! fails and the write is punted to the io-wq workers of the ring's thread (measured with the
+//! `io_uring:io_uring_queue_async_work` tracepoint: ~70% of 4 KiB random writes into a sparse
+//! file). On this kernel those punts are *not* hashed per inode (ext4 allows parallel direct
+//! writes), so they run in parallel, up to io-wq's bound-worker limit of each ring's thread;
+//! more rings means more workers. `IOSQE_ASYNC` would punt overwrites too, which today
+//! complete inline, so it is not used. The thread pool is far worse here: a blocking
+//! allocating `pwrite` holds the inode lock exclusively until the I/O completes, which
+//! serialises the pool (measured at the io level on a sparse file: pool 11–12k IOPS,
+//! one ring 32k, four rings 47k, fio 56k).
 //!
 //! Waking: the thread keeps a read of an eventfd in the ring at all times, so it sleeps in a
 //! single `io_uring_enter` waiting for either an I/O completion or a new request. Senders write
