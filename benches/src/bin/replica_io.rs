@@ -488,12 +488,14 @@ fn fio_iops(results: &[Measurement], workload: &str) -> Option<f64> {
 
 fn print_table(args: &Args, results: &[Measurement]) {
     println!(
-        "\nreplica_io --level {:?}: {} MiB file in {}, iodepth {}, {} s per row",
+        "\nreplica_io --level {:?}{}: {} MiB file in {}, iodepth {}, {} s per row, {} io_uring rings",
         args.level,
+        if args.sparse { " --sparse" } else { "" },
         args.size / MIB,
         args.dir.display(),
         args.iodepth,
-        args.runtime
+        args.runtime,
+        args.rings.unwrap_or(IoConfig::default().uring_rings),
     );
     println!(
         "{:<10} {:<9} {:>10} {:>10} {:>12} {:>8}",
@@ -542,6 +544,8 @@ fn write_json(args: &Args, results: &[Measurement], path: &Path) -> anyhow::Resu
         "size_bytes": args.size,
         "iodepth": args.iodepth,
         "runtime_s": args.runtime,
+        "sparse": args.sparse,
+        "uring_rings": args.rings.unwrap_or(IoConfig::default().uring_rings),
         "kernel": kernel,
         "results": rows,
     });
