@@ -176,6 +176,7 @@ async fn split_transfers_round_trip(kind: BackendKind, path: &Path) {
     let config = IoConfig {
         max_chunk: BLOCK,
         uring_entries: 4,
+        uring_rings: 2,
         threads: 2,
     };
     let io = IoEngine::with_config(kind, config).expect("engine");

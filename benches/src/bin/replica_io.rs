@@ -43,12 +43,21 @@ struct Args {
     /// Threads of the thread-pool back end (default: IoConfig's).
     #[arg(long)]
     threads: Option<usize>,
+    /// Rings of the io_uring back end (default: IoConfig's).
+    #[arg(long)]
+    rings: Option<usize>,
     /// Workloads to run (default all): randwrite, randread, seqwrite, seqread.
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
     /// Skip the fio reference rows.
     #[arg(long)]
     no_fio: bool,
+    /// `--level io` only: make the file sparse again (truncate to 0, then to `--size`) before
+    /// every write row, fio's included, so that every write allocates blocks as the store's
+    /// writes into fresh layer files do. Uses `<dir>/replica-io-sparse.dat`. Read rows then
+    /// mostly read holes, so pair it with `--workloads randwrite,seqwrite`.
+    #[arg(long)]
+    sparse: bool,
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -190,12 +199,25 @@ async fn run(
         if let Some(threads) = args.threads {
             config.threads = threads;
         }
+        if let Some(rings) = args.rings {
+            config.uring_rings = rings;
+        }
         let io = IoEngine::with_config(kind, config).with_context(|| format!("{kind:?} engine"))?;
         engines.push(io);
     }
 
-    let file_path = args.dir.join("replica-io.dat");
-    prepare_file(&file_path, args.size)?;
+    if args.sparse && args.level != Level::Io {
+        bail!("--sparse applies to --level io only");
+    }
+    let file_path = if args.sparse {
+        let path = args.dir.join("replica-io-sparse.dat");
+        make_sparse(&path, args.size)?;
+        path
+    } else {
+        let path = args.dir.join("replica-io.dat");
+        prepare_file(&path, args.size)?;
+        path
+    };
     let mut targets = Vec::new();
     for io in &engines {
         let target = match args.level {
@@ -227,12 +249,19 @@ async fn run(
 
     let mut results = Vec::new();
     for w in workloads {
+        let resparse = args.sparse && w.write;
         if !args.no_fio {
+            if resparse {
+                make_sparse(&file_path, args.size)?;
+            }
             let m = run_fio(args, w, &file_path)?;
             report_row(&m);
             results.push(m);
         }
         for (name, target) in &targets {
+            if resparse {
+                make_sparse(&file_path, args.size)?;
+            }
             let m = run_row(args, w, name, target).await?;
             report_row(&m);
             results.push(m);
@@ -270,6 +299,22 @@ fn prepare_file(path: &Path, size: u64) -> anyhow::Result<()> {
         rng.fill(&mut chunk[..]);
         f.write_all(&chunk)?;
     }
+    f.sync_all()?;
+    Ok(())
+}
+
+/// Frees every block of the file and gives it its size back, keeping the inode (the open
+/// `DataFile`s of the targets stay valid): the next writes all allocate.
+fn make_sparse(path: &Path, size: u64) -> anyhow::Result<()> {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .with_context(|| format!("open {path:?}"))?;
+    f.set_len(0).with_context(|| format!("truncate {path:?}"))?;
+    f.set_len(size)
+        .with_context(|| format!("extend {path:?}"))?;
     f.sync_all()?;
     Ok(())
 }
@@ -443,12 +488,14 @@ fn fio_iops(results: &[Measurement], workload: &str) -> Option<f64> {
 
 fn print_table(args: &Args, results: &[Measurement]) {
     println!(
-        "\nreplica_io --level {:?}: {} MiB file in {}, iodepth {}, {} s per row",
+        "\nreplica_io --level {:?}{}: {} MiB file in {}, iodepth {}, {} s per row, {} io_uring rings",
         args.level,
+        if args.sparse { " --sparse" } else { "" },
         args.size / MIB,
         args.dir.display(),
         args.iodepth,
-        args.runtime
+        args.runtime,
+        args.rings.unwrap_or(IoConfig::default().uring_rings),
     );
     println!(
         "{:<10} {:<9} {:>10} {:>10} {:>12} {:>8}",
@@ -497,6 +544,8 @@ fn write_json(args: &Args, results: &[Measurement], path: &Path) -> anyhow::Resu
         "size_bytes": args.size,
         "iodepth": args.iodepth,
         "runtime_s": args.runtime,
+        "sparse": args.sparse,
+        "uring_rings": args.rings.unwrap_or(IoConfig::default().uring_rings),
         "kernel": kernel,
         "results": rows,
     });

@@ -6,8 +6,10 @@
 //! filesystem that refuses `O_DIRECT` (overlayfs, tmpfs before Linux 6.6) is opened buffered
 //! instead ([`DataFile::open`]).
 //!
-//! - `uring` — one thread owns a ring, batches submissions from a channel and reaps
-//!   completions; up to `IoConfig::uring_entries - 1` operations in flight.
+//! - `uring` — `IoConfig::uring_rings` rings, each owned by one thread that batches
+//!   submissions from a channel and reaps completions; up to `IoConfig::uring_entries - 1`
+//!   operations in flight per ring. Its module docs say why several rings, and what happens
+//!   to writes that allocate blocks (they are faster through io_uring than through the pool).
 //! - `threads` — a fixed pool of `IoConfig::threads` threads doing `pread`/`pwrite`.
 //! - `request` — what both share: the request type, and the one place that decides what a
 //!   short transfer, `EINTR`/`EAGAIN` or end-of-file means.
@@ -183,6 +185,9 @@ pub struct IoConfig {
     /// SQ size of the io_uring ring; one entry is kept for the wake-up read, the rest bound
     /// the operations in flight (more wait in a queue).
     pub uring_entries: u32,
+    /// Rings of the io_uring back end, each with its own thread (see the `uring` module docs
+    /// for why more than one).
+    pub uring_rings: usize,
     /// Threads of the thread-pool back end, which is also its maximum queue depth.
     pub threads: usize,
     /// Largest length given to the kernel in one call; longer requests are issued in pieces,
@@ -194,6 +199,7 @@ impl Default for IoConfig {
     fn default() -> IoConfig {
         IoConfig {
             uring_entries: 256,
+            uring_rings: 4,
             threads: 8,
             max_chunk: MAX_CHUNK,
         }
@@ -241,14 +247,16 @@ impl IoEngine {
             explicit => explicit,
         };
         let executor = match kind {
-            BackendKind::Uring => {
-                Executor::Uring(UringBackend::start(config.uring_entries, max_chunk)?)
-            }
+            BackendKind::Uring => Executor::Uring(UringBackend::start(
+                config.uring_entries,
+                config.uring_rings,
+                max_chunk,
+            )?),
             BackendKind::Threads => {
                 Executor::Threads(ThreadPool::start(config.threads, max_chunk)?)
             }
             BackendKind::Auto if uring_allowed() => {
-                match UringBackend::start(config.uring_entries, max_chunk) {
+                match UringBackend::start(config.uring_entries, config.uring_rings, max_chunk) {
                     Ok(uring) => Executor::Uring(uring),
                     Err(e) => {
                         // The probe passed, so this is a resource limit (e.g. locked memory on

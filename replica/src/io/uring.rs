@@ -1,7 +1,8 @@
-//! The io_uring back end: one thread owns a ring and does all submission and reaping.
+//! The io_uring back end: a few rings, each owned by one thread that does all its submission
+//! and reaping; requests are spread over the rings round-robin.
 //!
 //! ```text
-//!  async callers ──mpsc──▶ ┌──────────── zebu-uring thread ─────────────┐
+//!  async callers ──mpsc──▶ ┌──────────── zebu-uring-N thread ───────────┐
 //!   (oneshot each)         │ accept: drain channel into the backlog     │
 //!        ▲                 │ fill:   backlog → free slots → SQEs        │
 //!        │  eventfd write  │ wait:   io_uring_enter(submit, wait ≥ 1)   │
@@ -9,10 +10,31 @@
 //!                          └────────────────────────────────────────────┘
 //! ```
 //!
-//! Why a dedicated thread rather than a ring per tokio worker: one owner means the ring needs
-//! no locking, every SQE and the memory it points at are owned by the same code, and batching
-//! falls out naturally — everything that arrived since the last wait is submitted with one
-//! `io_uring_enter`.
+//! Why a dedicated thread per ring rather than a ring per tokio worker: one owner means the
+//! ring needs no locking, every SQE and the memory it points at are owned by the same code,
+//! and batching falls out naturally — everything that arrived since the last wait is
+//! submitted with one `io_uring_enter`.
+//!
+//! Why several rings (`IoConfig::uring_rings`, 4 by default) rather than one: every request
+//! crosses the ring thread twice (wake to submit, then reap and reply), so with one ring that
+//! thread is a single point every request waits on. On a loaded machine (measured: 2 cores,
+//! load average ~9) the ring thread used only ~13% of a CPU yet spent its time waiting to be
+//! scheduled, and all 32 requests in flight stalled with it; the 8-thread pool lost only one
+//! request per descheduled thread. Through the store, one ring was 0.55–0.9× the pool; four
+//! rings were 1.0–1.3× (random I/O) in the same runs (benches/README.md, `replica_io`).
+//! Requests in flight together are unordered anyway, so any ring may serve any request.
+//!
+//! Allocating writes (the store writes into sparse layer files): ext4 cannot do an
+//! `O_DIRECT` write that allocates without blocking, so io_uring's non-blocking attempt
+//! fails and the write is punted to the io-wq workers of the ring's thread (measured with the
+//! `io_uring:io_uring_queue_async_work` tracepoint: ~70% of 4 KiB random writes into a sparse
+//! file). On this kernel those punts are *not* hashed per inode (ext4 allows parallel direct
+//! writes), so they run in parallel, up to io-wq's bound-worker limit of each ring's thread;
+//! more rings means more workers. `IOSQE_ASYNC` would punt overwrites too, which today
+//! complete inline, so it is not used. The thread pool is far worse here: a blocking
+//! allocating `pwrite` holds the inode lock exclusively until the I/O completes, which
+//! serialises the pool (measured at the io level on a sparse file: pool 11–12k IOPS,
+//! one ring 32k, four rings 47k, fio 56k).
 //!
 //! Waking: the thread keeps a read of an eventfd in the ring at all times, so it sleeps in a
 //! single `io_uring_enter` waiting for either an I/O completion or a new request. Senders write
@@ -39,7 +61,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write as _};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -90,18 +112,45 @@ pub(super) fn probe() -> io::Result<()> {
     cqe_result(cqe.result()).map(|_| ())
 }
 
-/// Handle to the ring thread; dropping it shuts the thread down and joins it.
+/// The io_uring back end: several rings, each with its own thread; requests are spread over
+/// them round-robin. Dropping it shuts every thread down and joins it.
 pub(super) struct UringBackend {
+    rings: Vec<RingThread>,
+    next: AtomicUsize,
+}
+
+impl UringBackend {
+    /// Sets up `rings` rings of `entries` SQEs each and starts their threads. Errors from ring
+    /// setup are returned here, not later (rings already started are shut down).
+    pub(super) fn start(entries: u32, rings: usize, max_chunk: usize) -> io::Result<UringBackend> {
+        let rings = (0..rings.max(1))
+            .map(|i| RingThread::start(i, entries, max_chunk))
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(UringBackend {
+            rings,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// Queues `req` on the next ring. Requests in flight at the same time are unordered
+    /// anyway, so which ring serves which request does not matter for correctness; a sync
+    /// covers every write its caller has seen complete, whichever ring ran it.
+    pub(super) fn submit(&self, req: Request) {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.rings.len();
+        self.rings[i].submit(req);
+    }
+}
+
+/// Handle to one ring thread; dropping it shuts the thread down and joins it.
+struct RingThread {
     /// `None` only while dropping.
     tx: Option<mpsc::Sender<Request>>,
     waker: Arc<Waker>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl UringBackend {
-    /// Sets up a ring of `entries` SQEs and starts its thread. Errors from ring setup are
-    /// returned here, not later.
-    pub(super) fn start(entries: u32, max_chunk: usize) -> io::Result<UringBackend> {
+impl RingThread {
+    fn start(index: usize, entries: u32, max_chunk: usize) -> io::Result<RingThread> {
         let ring = IoUring::builder().setup_clamp().build(entries.max(2))?;
         let sq = ring.params().sq_entries() as usize;
         let cq = ring.params().cq_entries() as usize;
@@ -124,10 +173,10 @@ impl UringBackend {
             max_chunk,
         };
         let thread = std::thread::Builder::new()
-            .name("zebu-uring".into())
+            .name(format!("zebu-uring-{index}"))
             .spawn(move || reactor.run())?;
-        tracing::debug!(sq, cq, capacity, "io_uring back end started");
-        Ok(UringBackend {
+        tracing::debug!(index, sq, cq, capacity, "io_uring ring started");
+        Ok(RingThread {
             tx: Some(tx),
             waker,
             thread: Some(thread),
@@ -136,7 +185,7 @@ impl UringBackend {
 
     /// Queues `req` and wakes the thread. If the thread is gone, the request (and its reply
     /// sender) is dropped, which the caller sees as a closed reply channel.
-    pub(super) fn submit(&self, req: Request) {
+    fn submit(&self, req: Request) {
         if let Some(tx) = &self.tx
             && tx.send(req).is_ok()
         {
@@ -145,7 +194,7 @@ impl UringBackend {
     }
 }
 
-impl Drop for UringBackend {
+impl Drop for RingThread {
     fn drop(&mut self) {
         self.tx = None;
         // Unconditional: `pending` may be set by a wake the thread has already consumed.
