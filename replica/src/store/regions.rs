@@ -33,8 +33,12 @@
 //!   write: a few more regions to compare, never a missed one.
 //! - Flush: after every write tagged with a flush number ≤ F has completed and the layer
 //!   files were fdatasync'ed, the header slot with the lower `seq` is overwritten with
-//!   `flushed = F` and fdatasync'ed. `open` takes the valid slot with the higher `seq`, so a
-//!   torn header write leaves the previous flush number, which is conservative.
+//!   `flushed = F`. It is not fdatasync'ed on its own: the flush number on disk may only
+//!   ever be *lower* than the truth (it is written after the data is durable), and a lower
+//!   one only makes more regions count as dirty and a catch-up compare more. So a flush costs
+//!   the layer files' fdatasync and nothing more; the next mark's fdatasync of this file
+//!   carries the header along. `open` takes the valid slot with the higher `seq`, so a torn
+//!   header write leaves the previous flush number, which is conservative too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -381,17 +385,13 @@ impl Regions {
         };
         let slot = seq % 2;
         let bytes = header_bytes(seq, number, self.region_size, count);
-        let file = self
-            .file
-            .try_clone()
-            .map_err(|e| ReplicaError::io("dup regions.dat", e))?;
-        tokio::task::spawn_blocking(move || {
-            file.write_all_at(&bytes, slot * PAGE)?;
-            file.sync_data()
-        })
-        .await
-        .map_err(|e| ReplicaError::io("regions flush task", std::io::Error::other(e)))?
-        .map_err(|e| ReplicaError::io("write regions.dat header", e))?;
+        // Written, not synced: a header that lags the truth after a power cut only makes more
+        // regions count as dirty (see "Commit points"). The next fdatasync of this file (a
+        // region mark, or a later flush's) makes it durable too. A 4 KiB write into the page
+        // cache does not block for long, so it runs inline.
+        self.file
+            .write_all_at(&bytes, slot * PAGE)
+            .map_err(|e| ReplicaError::io("write regions.dat header", e))?;
         let mut st = self.lock();
         st.header_seq = seq;
         st.flushed = st.flushed.max(number);
