@@ -26,7 +26,13 @@
 //!
 //! [`Fingerprint::of`] reads a replica's Info (layers, sizes, epoch) and the CRC32C of every
 //! 4 KiB block of the volume (`Checksums`) and of every layer's own data (`ReadLayer`), so
-//! two replicas that should be identical can be compared field by field.
+//! two replicas that should be identical can be compared field by field. [`replica_info`]
+//! and [`chain_of`] read one replica's own view (layers, `rebuilt`/`incomplete` flags,
+//! snapshot chain), to check every replica rather than only what the engine reports.
+//!
+//! [`fill`] writes a range once in 1 MiB blocks (fast, verifiable bulk data), and
+//! [`EngineProcess::wait_rebuild`] polls the rebuild status every 5 ms so a test can strike
+//! in the middle of a copy.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -753,4 +759,98 @@ impl Drop for Cluster {
             );
         }
     }
+}
+
+impl EngineProcess {
+    /// Runs `zebu-engine --control ADDR ARGS` (text output) and returns its exit status,
+    /// stdout and stderr, whatever the outcome: for tests of the CLI's error reporting.
+    pub async fn cli_raw(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
+        tokio::process::Command::new(bin_path("zebu-engine"))
+            .arg("--control")
+            .arg(self.control.to_string())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .context("running zebu-engine CLI")
+    }
+
+    /// Polls [`EngineProcess::rebuild_status`] every 5 ms until `pred` holds; errors (with
+    /// the last status) after `timeout`. Fast polling, so a test can act mid-rebuild.
+    pub async fn wait_rebuild(
+        &self,
+        timeout: Duration,
+        mut pred: impl FnMut(&epb::RebuildStatusResponse) -> bool,
+    ) -> anyhow::Result<epb::RebuildStatusResponse> {
+        let mut c = self.client().await?;
+        let started = Instant::now();
+        loop {
+            let s = c
+                .rebuild_status(epb::RebuildStatusRequest {})
+                .await?
+                .into_inner();
+            if pred(&s) {
+                return Ok(s);
+            }
+            if started.elapsed() > timeout {
+                bail!("rebuild condition not met within {timeout:?}; last status: {s:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// A replica's own Info, read over its control API.
+pub async fn replica_info(addr: SocketAddr) -> anyhow::Result<rpb::InfoResponse> {
+    let mut c = connect(addr).await?;
+    Ok(c.info(rpb::InfoRequest {}).await?.into_inner())
+}
+
+/// The snapshot names along the head's chain of `info`, oldest first (the head excluded).
+pub fn chain_of(info: &rpb::InfoResponse) -> Vec<String> {
+    let by_id: BTreeMap<u64, &rpb::LayerInfo> = info.layers.iter().map(|l| (l.id, l)).collect();
+    let mut out = Vec::new();
+    let mut at = info
+        .layers
+        .iter()
+        .find(|l| l.head)
+        .and_then(|h| by_id.get(&h.parent).copied());
+    // Bounded by the layer count, so a cycle in a broken answer cannot loop forever.
+    while let Some(l) = at {
+        if out.len() > info.layers.len() {
+            break;
+        }
+        out.push(l.name.clone());
+        at = by_id.get(&l.parent).copied();
+    }
+    out.reverse();
+    out
+}
+
+/// Writes every block of `[start, start+len)` once, sequentially in 1 MiB blocks with 8 in
+/// flight, and flushes; returns the model of what was written. Fills a volume fast with data
+/// that can be verified later.
+pub async fn fill(
+    dev: &NbdClient,
+    start: u64,
+    len: u64,
+    seed: u64,
+) -> anyhow::Result<(Model, RunReport)> {
+    let block = 1 << 20;
+    let cfg = WorkloadConfig {
+        block_size: block,
+        range_start: start,
+        range_len: Some(len),
+        queue_depth: 8,
+        pattern: workload::Pattern::Sequential,
+        stop: workload::StopAfter::Ops(len / block),
+        read_percent: 0,
+        flush_every: None,
+        seed,
+        ..WorkloadConfig::default()
+    };
+    let mut model = cfg.new_model(dev.size(), workload::RunId::random())?;
+    let report = workload::run_workload(dev, &mut model, &cfg).await;
+    assert_clean_run(&format!("filling {start}+{len}"), &report);
+    Ok((model, report))
 }
