@@ -85,9 +85,6 @@ async fn write_random(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "bug: reads after `snapshot rm` under load return stale data or zeros; the replica \
-            rebuilds its extent index (delete_locked -> rebuild_index) without the write gate, \
-            so head writes that land during the scan drop out of the index"]
 async fn snapshot_create_list_delete_revert_through_engine() -> anyhow::Result<()> {
     snapshot_lifecycle("snaps", true).await
 }
@@ -303,8 +300,6 @@ async fn expand_grows_every_replica() -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "bug: the NBD server advertises the size it had at start; after `expand` new \
-            connections still see the old size until the engine restarts"]
 async fn expand_is_visible_to_new_nbd_connections() -> anyhow::Result<()> {
     let seed = test_seed();
     let (c, _) = expanded_cluster("expand-nbd").await?;
@@ -402,8 +397,6 @@ async fn replica_rm_then_add_back() -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "bug: `replica add` of a replica that is already RW exits 0; the refusal only shows \
-            later as a failed rebuild status"]
 async fn replica_add_of_an_rw_replica_is_refused() -> anyhow::Result<()> {
     let c = Cluster::start("add-dup", 64 * MIB)?;
     let r2 = c.addr(1);

@@ -213,6 +213,11 @@ async fn handle_connection(
     if let Err(e) = stream.set_nodelay(true) {
         tracing::warn!(error = %e, "cannot set TCP_NODELAY");
     }
+    // The size as of this connection: a volume may have been expanded since the server started.
+    let export = ExportInfo {
+        size: dev.size(),
+        ..(*export).clone()
+    };
     let negotiated = tokio::select! {
         r = tokio::time::timeout(cfg.handshake_timeout, handshake::negotiate(&mut stream, &export)) => {
             r.unwrap_or(Err(NbdError::HandshakeTimeout(cfg.handshake_timeout)))

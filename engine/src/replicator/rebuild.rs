@@ -65,6 +65,17 @@ impl Volume {
                 self.rebuild_status().replica
             ));
         }
+        if let Some(r) = self
+            .replicas()
+            .into_iter()
+            .find(|r| r.addr == addr && r.mode() != Mode::ERR)
+        {
+            return Err(format!(
+                "replica {addr} is already {} in volume {}",
+                r.mode(),
+                self.name()
+            ));
+        }
         let v = self.clone();
         let addr = addr.to_string();
         tokio::spawn(async move { v.rebuild(&addr).await });

@@ -801,7 +801,6 @@ impl Replica {
 
 /// Builds the in-memory chain from the metadata and open layer files (scans extents).
 fn build_chain(meta: &Meta, files: HashMap<LayerId, Arc<DataFile>>) -> Result<Chain> {
-    let order = meta.chain();
     let head_extents =
         scan(&files[&meta.head], meta.size)?
             .into_iter()
@@ -809,6 +808,29 @@ fn build_chain(meta: &Meta, files: HashMap<LayerId, Arc<DataFile>>) -> Result<Ch
                 m.insert(blocks(&r), ());
                 m
             });
+    let below = index_below(meta, &files)?;
+    Ok(Chain {
+        head: meta.head,
+        files,
+        rank: below.rank,
+        head_extents,
+        below: below.below,
+        data_bytes: below.data_bytes,
+    })
+}
+
+/// The part of the index that only snapshot operations change: what the snapshot layers
+/// hold. Built from the (read-only) snapshot files, so it can be rebuilt while writes go on;
+/// the head's extents are never rescanned while the replica is open, because writes change
+/// them all the time.
+struct BelowIndex {
+    below: ExtentMap<LayerId>,
+    data_bytes: HashMap<LayerId, u64>,
+    rank: HashMap<LayerId, usize>,
+}
+
+fn index_below(meta: &Meta, files: &HashMap<LayerId, Arc<DataFile>>) -> Result<BelowIndex> {
+    let order = meta.chain();
     let mut data_bytes = HashMap::new();
     let mut below = ExtentMap::new();
     // Newest snapshot first: an older layer only fills what newer ones left empty.
@@ -826,13 +848,10 @@ fn build_chain(meta: &Meta, files: HashMap<LayerId, Arc<DataFile>>) -> Result<Ch
         }
     }
     let rank = order.iter().enumerate().map(|(i, id)| (*id, i)).collect();
-    Ok(Chain {
-        head: meta.head,
-        files,
-        rank,
-        head_extents,
+    Ok(BelowIndex {
         below,
         data_bytes,
+        rank,
     })
 }
 

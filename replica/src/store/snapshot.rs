@@ -19,8 +19,8 @@ use bytes::Bytes;
 
 use super::meta::{LayerMeta, now_rfc3339};
 use super::{
-    BLOCK_SIZE, CHUNK, ExtentMap, LayerId, LayerSpec, Replica, blocking, blocks, build_chain,
-    create_layer_file, fsops, io_err,
+    BLOCK_SIZE, CHUNK, ExtentMap, LayerId, LayerSpec, Replica, blocking, blocks, create_layer_file,
+    fsops, index_below, io_err,
 };
 use crate::error::{ReplicaError, Result};
 use crate::io::{AlignedBuf, DataFile};
@@ -243,11 +243,19 @@ impl Replica {
     }
 
     /// Rebuilds the extent indexes from the files after the chain changed shape.
+    ///
+    /// Only the snapshot part is rebuilt: writes to the head go on meanwhile (a merge into a
+    /// snapshot, a rebuilt layer), and replacing the head's extents with a scan taken before
+    /// such a write completed would lose it from the index. The caller holds `ops`, so no
+    /// other operation changes the snapshot layers at the same time.
     async fn rebuild_index(&self) -> Result<()> {
         let meta = self.meta().clone();
         let files = self.chain().files.clone();
-        let chain = blocking("rebuild index", move || build_chain(&meta, files)).await?;
-        *self.chain_mut() = chain;
+        let fresh = blocking("rebuild index", move || index_below(&meta, &files)).await?;
+        let mut c = self.chain_mut();
+        c.below = fresh.below;
+        c.data_bytes = fresh.data_bytes;
+        c.rank = fresh.rank;
         Ok(())
     }
 
@@ -287,8 +295,14 @@ impl Replica {
             Ok(())
         })
         .await?;
-        self.chain_mut().files.insert(new_id, new_file);
-        self.chain_mut().files.remove(&old_head);
+        {
+            // The gate is held: no write is in flight, so the head can be swapped here.
+            let mut c = self.chain_mut();
+            c.files.insert(new_id, new_file);
+            c.files.remove(&old_head);
+            c.head = new_id;
+            c.head_extents = ExtentMap::new();
+        }
         self.rebuild_index().await?;
         let path = super::layer_path(&self.dir, old_head);
         blocking("remove old head", move || {

@@ -583,3 +583,50 @@ fn rebuild_copies_layers_between_replicas() {
         assert!(dst.read(0, 8 << 20).await.expect("read") == a);
     });
 }
+
+/// Writes to the head while a snapshot is merged into it must all stay visible: the index
+/// of the head is never replaced by a scan taken before a write completed.
+#[test]
+fn writes_during_a_merge_into_the_head_stay_visible() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), 64 << 20, io())
+            .await
+            .expect("create");
+        for b in 0..2048u64 {
+            r.write(b * 8192, pattern(b, 4096)).await.expect("write");
+        }
+        r.snapshot_create("s1", true, BTreeMap::new())
+            .await
+            .expect("s1");
+        let writer = {
+            let r = r.clone();
+            tokio::spawn(async move {
+                let mut last = BTreeMap::new();
+                for i in 0..3000u64 {
+                    let b = (i * 7919) % 4096;
+                    r.write(b * 4096, pattern(100_000 + i, 4096))
+                        .await
+                        .expect("write");
+                    last.insert(b, 100_000 + i);
+                    tokio::task::yield_now().await;
+                }
+                last
+            })
+        };
+        r.snapshot_delete("s1").await.expect("merge into the head");
+        let last = writer.await.expect("writer");
+        for b in 0..4096u64 {
+            let want = match last.get(&b) {
+                Some(seed) => pattern(*seed, 4096),
+                None if b % 2 == 0 => pattern(b / 2, 4096),
+                None => Bytes::from(vec![0u8; 4096]),
+            };
+            assert_eq!(
+                r.read(b * 4096, 4096).await.expect("read"),
+                want,
+                "block {b}"
+            );
+        }
+    });
+}
