@@ -29,7 +29,9 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::resources::{DataLocality, Frontend, Kind, Node, Resource, Setting, Volume, VolumeSpec};
+use crate::resources::{
+    DataLocality, Frontend, Kind, Node, Replica, Resource, Setting, Volume, VolumeSpec,
+};
 use crate::scheduler::{ScheduleRequest, schedule};
 use crate::settings::Settings;
 use crate::size::ByteSize;
@@ -226,7 +228,25 @@ async fn create_volume<S: Store>(
     // under hard anti-affinity, bigger than any disk), with the scheduler's
     // reason, instead of a volume stuck in `creating`. The controller
     // schedules for real afterwards; capacity may change in between.
-    let (nodes, replica_objs) = (store.list_as::<Node>().await?, store.list_as().await?);
+    if store
+        .get_as::<Volume>(&volume.metadata.name)
+        .await?
+        .is_some()
+    {
+        return Err(StoreError::AlreadyExists {
+            kind: Kind::Volume,
+            name: volume.metadata.name.clone(),
+        }
+        .into());
+    }
+    let nodes = store.list_as::<Node>().await?;
+    // Replicas of a former volume of this name are going away.
+    let replica_objs: Vec<Replica> = store
+        .list_as::<Replica>()
+        .await?
+        .into_iter()
+        .filter(|r| r.spec.volume != volume.metadata.name)
+        .collect();
     schedule(&ScheduleRequest {
         volume: &volume,
         nodes: &nodes,

@@ -169,11 +169,21 @@ pub fn parse_args() -> Result<Cli, u8> {
                     },
                 );
             }
+            // clap's first paragraph, on one line: "the following required
+            // arguments were not provided:" is useless without the next line.
             let text = e.to_string();
-            let line = text
+            let para: Vec<&str> = text
                 .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
+                .skip_while(|l| l.trim().is_empty())
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let joined = para.join(" ");
+            let line = if joined.is_empty() {
+                "invalid arguments"
+            } else {
+                joined.as_str()
+            };
             let _ = writeln!(
                 std::io::stderr(),
                 "zebu: {}",
