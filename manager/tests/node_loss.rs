@@ -205,12 +205,14 @@ fn a_replica_on_a_node_gone_too_long_is_rebuilt_elsewhere_then_removed_and_delet
     );
     assert!(replica_dirs(tmp.path(), 4).is_empty());
     assert!(replica_pids(tmp.path()).is_empty());
-    assert!(used - allocated(tmp.path()) >= replicas_bytes / 2);
-    // Other programs share this filesystem, so only ask for most of it.
+    // Every allocated byte of the replicas is gone from the data directory.
+    assert!(used - allocated(tmp.path()) >= replicas_bytes);
+    // statvfs is of a filesystem other programs write to at the same time
+    // (builds of other worktrees), so its growth is reported above and only
+    // checked loosely: a delete that freed nothing would show no growth.
     assert!(
-        after.saturating_sub(before) >= replicas_bytes / 2,
-        "free space grew by {} B, replicas held {replicas_bytes} B",
-        after.saturating_sub(before)
+        after > before,
+        "free space did not grow ({before} -> {after}), replicas held {replicas_bytes} B"
     );
 
     let _ = watch.kill();
