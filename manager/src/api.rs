@@ -29,7 +29,10 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::resources::{DataLocality, Frontend, Kind, Node, Resource, Setting, Volume, VolumeSpec};
+use crate::resources::{
+    DataLocality, Frontend, Kind, Node, Replica, Resource, Setting, Volume, VolumeSpec,
+};
+use crate::scheduler::{ScheduleRequest, schedule};
 use crate::settings::Settings;
 use crate::size::ByteSize;
 use crate::store::{Store, StoreError, TypedStore, validate_name};
@@ -217,10 +220,41 @@ async fn create_volume<S: Store>(
             node_selector: req.node_selector,
             disk_selector: req.disk_selector,
             data_locality: req.data_locality.unwrap_or_default(),
-            stale_replica_timeout: 2880,
+            stale_replica_timeout: settings.stale_replica_timeout,
             node_id: None,
         },
     );
+    // Refuse at once what can never be placed (more replicas than nodes
+    // under hard anti-affinity, bigger than any disk), with the scheduler's
+    // reason, instead of a volume stuck in `creating`. The controller
+    // schedules for real afterwards; capacity may change in between.
+    if store
+        .get_as::<Volume>(&volume.metadata.name)
+        .await?
+        .is_some()
+    {
+        return Err(StoreError::AlreadyExists {
+            kind: Kind::Volume,
+            name: volume.metadata.name.clone(),
+        }
+        .into());
+    }
+    let nodes = store.list_as::<Node>().await?;
+    // Replicas of a former volume of this name are going away.
+    let replica_objs: Vec<Replica> = store
+        .list_as::<Replica>()
+        .await?
+        .into_iter()
+        .filter(|r| r.spec.volume != volume.metadata.name)
+        .collect();
+    schedule(&ScheduleRequest {
+        volume: &volume,
+        nodes: &nodes,
+        replicas: &replica_objs,
+        settings: &settings,
+        count: replicas,
+    })
+    .map_err(|e| ApiError::bad_request(e.to_string()))?;
     // The volume controller drops this once the engine and replicas are gone.
     volume
         .metadata

@@ -17,10 +17,12 @@ use clap::{Parser, Subcommand, ValueEnum};
 use hyper::Method;
 use serde_json::{Value, json};
 
-use crate::agent::{AgentConfig, NodeAgent};
+use crate::agent::AgentConfig;
 use crate::client::Client;
-use crate::resources::{Frontend, Node, Setting, SettingSpec, Volume};
+use crate::progress::RebuildView;
+use crate::resources::{Frontend, Node, RebuildProgress, Setting, SettingSpec, Volume};
 use crate::size::ByteSize;
+use crate::standalone::LocalAgents;
 use crate::store::{EmbeddedStore, TypedStore};
 
 #[derive(Debug, Parser)]
@@ -79,6 +81,12 @@ pub enum Command {
 pub enum NodeCmd {
     /// List nodes.
     Ls,
+    /// Stop a node's agent and its processes (`zebu up` only; for tests).
+    #[command(hide = true)]
+    Stop { node: String },
+    /// Start a node's agent again (`zebu up` only; for tests).
+    #[command(hide = true)]
+    Start { node: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -161,12 +169,26 @@ pub fn parse_args() -> Result<Cli, u8> {
                     },
                 );
             }
+            // clap's first paragraph, on one line: "the following required
+            // arguments were not provided:" is useless without the next line.
             let text = e.to_string();
-            let line = text
+            let para: Vec<&str> = text
                 .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            eprintln!("zebu: {}", line.trim_start_matches("error: "));
+                .skip_while(|l| l.trim().is_empty())
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let joined = para.join(" ");
+            let line = if joined.is_empty() {
+                "invalid arguments"
+            } else {
+                joined.as_str()
+            };
+            let _ = writeln!(
+                std::io::stderr(),
+                "zebu: {}",
+                line.trim_start_matches("error: ")
+            );
             Err(2)
         }
     }
@@ -185,6 +207,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node(NodeCmd::Ls) => {
             let v = client.call(Method::GET, "/v1/nodes", None).await?;
             print_items(out, &v, node_table)
+        }
+        Command::Node(NodeCmd::Stop { node }) => {
+            let path = format!("/v1/standalone/nodes/{node}/stop");
+            let v = client.call(Method::POST, &path, None).await?;
+            print_value(out, &v)
+        }
+        Command::Node(NodeCmd::Start { node }) => {
+            let path = format!("/v1/standalone/nodes/{node}/start");
+            let v = client.call(Method::POST, &path, None).await?;
+            print_value(out, &v)
         }
         Command::Volume(cmd) => volume(&client, out, cmd).await,
         Command::Snapshot(cmd) => {
@@ -243,21 +275,48 @@ async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Result<
             print_one(out, &v, volume_table)
         }
         VolumeCmd::Get { name, watch: true } => {
-            let mut failure = None;
+            let mut failure: Option<anyhow::Error> = None;
+            let mut view = RebuildView::new(std::io::IsTerminal::is_terminal(&std::io::stdout()));
+            let mut last_shown = Value::Null;
             client
                 .stream_lines(&format!("/v1/volumes/{name}?watch=true"), |ev| {
                     if ev["type"] == "Error" {
-                        failure = Some(ev["error"].as_str().unwrap_or("watch failed").to_string());
+                        let msg = ev["error"].as_str().unwrap_or("watch failed").to_string();
+                        failure = Some(anyhow::anyhow!(msg));
                         return false;
                     }
-                    let r = print_one(out, &ev["object"], volume_table);
-                    r.is_ok() && ev["type"] != "Deleted"
+                    let obj = &ev["object"];
+                    let shown = if out == Output::Table {
+                        // The table once per change of what it shows; the
+                        // rebuild's progress as a bar or a line of its own.
+                        let table_part = json!([
+                            obj["spec"],
+                            obj["status"]["state"],
+                            obj["status"]["robustness"],
+                            obj["status"]["replicas"]
+                        ]);
+                        let mut r = Ok(());
+                        if table_part != last_shown {
+                            r = print_one(out, obj, volume_table);
+                            last_shown = table_part;
+                        }
+                        let rebuild: Option<RebuildProgress> =
+                            serde_json::from_value(obj["status"]["rebuild"].clone()).ok();
+                        r.and_then(|()| emit(&view.update(rebuild.as_ref())))
+                    } else {
+                        print_one(out, obj, volume_table)
+                    };
+                    if let Err(e) = shown {
+                        failure = Some(e);
+                        return false;
+                    }
+                    ev["type"] != "Deleted"
                 })
                 .await?;
-            if let Some(f) = failure {
-                bail!(f);
+            match failure {
+                Some(f) => Err(f),
+                None => Ok(()),
             }
-            Ok(())
         }
         VolumeCmd::Attach {
             name,
@@ -279,8 +338,8 @@ async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Result<
             match out {
                 // Just the endpoint, so `dev=$(zebu volume attach v)` works.
                 Output::Table => {
-                    println!("{}", v["status"]["endpoint"].as_str().unwrap_or(""));
-                    Ok(())
+                    let endpoint = v["status"]["endpoint"].as_str().unwrap_or("");
+                    emit(&format!("{endpoint}\n"))
                 }
                 _ => print_value(out, &v),
             }
@@ -296,10 +355,7 @@ async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Result<
                 .call(Method::DELETE, &format!("/v1/volumes/{name}"), None)
                 .await?;
             match out {
-                Output::Table => {
-                    println!("volume {name} deleted");
-                    Ok(())
-                }
+                Output::Table => emit(&format!("volume {name} deleted\n")),
                 _ => print_value(out, &v),
             }
         }
@@ -328,13 +384,30 @@ async fn wait_attached(client: &Client, name: &str, timeout: Duration) -> anyhow
     }
 }
 
+/// Write to stdout and flush. A reader that went away (`zebu volume ls |
+/// head -1`) shows up as an `io::Error` of kind `BrokenPipe`, which `main`
+/// treats as a quiet end (see [`is_broken_pipe`]) instead of a panic, as
+/// `println!` would.
+fn emit(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()?;
+    Ok(())
+}
+
+/// Whether an error is stdout's reader having gone away.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 fn print_value(out: Output, v: &Value) -> anyhow::Result<()> {
     match out {
-        Output::Json | Output::Table => println!("{}", serde_json::to_string_pretty(v)?),
-        Output::Yaml => print!("{}", serde_yaml::to_string(v)?),
+        Output::Json | Output::Table => emit(&format!("{}\n", serde_json::to_string_pretty(v)?)),
+        Output::Yaml => emit(&serde_yaml::to_string(v)?),
     }
-    std::io::stdout().flush()?;
-    Ok(())
 }
 
 fn print_one(
@@ -343,11 +416,7 @@ fn print_one(
     table: fn(&[Value]) -> anyhow::Result<String>,
 ) -> anyhow::Result<()> {
     match out {
-        Output::Table => {
-            print!("{}", table(std::slice::from_ref(v))?);
-            std::io::stdout().flush()?;
-            Ok(())
-        }
+        Output::Table => emit(&table(std::slice::from_ref(v))?),
         _ => print_value(out, v),
     }
 }
@@ -360,8 +429,7 @@ fn print_items(
     match out {
         Output::Table => {
             let items = v["items"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-            print!("{}", table(items)?);
-            Ok(())
+            emit(&table(items)?)
         }
         _ => print_value(out, v),
     }
@@ -489,36 +557,51 @@ async fn up(
             }
         }
     }
+    // One host's filesystem behind every node: see the constant's docs.
+    let minimal = "storage-minimal-available-percentage";
+    if store.get_as::<Setting>(minimal).await?.is_none() {
+        let value = crate::settings::STANDALONE_MINIMAL_AVAILABLE_PERCENTAGE.to_string();
+        match store
+            .create_as(&Setting::new(minimal, SettingSpec { value }))
+            .await
+        {
+            Ok(_) | Err(crate::store::StoreError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding the API to {listen}"))?;
     let addr = listener.local_addr()?;
+    let configs = (1..=nodes)
+        .map(|i| {
+            let name = format!("node-{i}");
+            AgentConfig {
+                node: name.clone(),
+                address: format!("127.0.0.{}", 10 + u32::from(i)),
+                disks: BTreeMap::from([(
+                    "disk-0".to_string(),
+                    data_dir.join(&name).join("disk-0"),
+                )]),
+                heartbeat: Duration::from_secs(2),
+                log_dir: data_dir.join(&name).join("logs"),
+            }
+        })
+        .collect();
+    let agents = Arc::new(LocalAgents::new(store.clone(), configs));
+    agents.start_all().await.context("registering the nodes")?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut agents = Vec::new();
-    for i in 1..=nodes {
-        let name = format!("node-{i}");
-        let cfg = AgentConfig {
-            node: name.clone(),
-            address: format!("127.0.0.{}", 10 + u32::from(i)),
-            disks: BTreeMap::from([("disk-0".to_string(), data_dir.join(&name).join("disk-0"))]),
-            heartbeat: Duration::from_secs(2),
-            log_dir: data_dir.join(&name).join("logs"),
-        };
-        let agent = NodeAgent::new(store.clone(), cfg);
-        agent
-            .register()
-            .await
-            .with_context(|| format!("registering {name}"))?;
-        agents.push(tokio::spawn(agent.run(stop_rx.clone())));
-    }
-    let controllers = tokio::spawn(crate::controller::run(store.clone(), stop_rx.clone()));
-    println!("zebu API listening on http://{addr}");
-    println!(
-        "data in {}, {nodes} nodes; Ctrl-C stops everything",
+    let controllers = tokio::spawn(crate::controller::run(store.clone(), stop_rx));
+    // Whoever started us may stop reading our output (a closed pipe): the
+    // cluster keeps running, so a failed write here is only logged.
+    let banner = format!(
+        "zebu API listening on http://{addr}\ndata in {}, {nodes} nodes; Ctrl-C stops everything\n",
         data_dir.display()
     );
-    std::io::stdout().flush()?;
-    let app = crate::api::router(store.clone());
+    if let Err(e) = emit(&banner) {
+        tracing::warn!("cannot write to stdout: {e}");
+    }
+    let app = crate::api::router(store.clone()).merge(crate::standalone::router(agents.clone()));
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await
@@ -527,14 +610,8 @@ async fn up(
     if let Err(e) = controllers.await {
         tracing::warn!("controller task failed: {e}");
     }
-    for a in agents {
-        match a.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!("{e}"),
-            Err(e) => tracing::warn!("node agent task failed: {e}"),
-        }
-    }
-    eprintln!("zebu: stopped");
+    agents.stop_all().await;
+    let _ = writeln!(std::io::stderr(), "zebu: stopped");
     Ok(())
 }
 

@@ -87,3 +87,14 @@ pub async fn replica_remove(addr: &str, replica: &str) -> Result<pb::VolumeInfo,
     };
     bounded(addr, "ReplicaRemove", c.replica_remove(req)).await
 }
+
+/// The engine's current or last rebuild.
+pub async fn rebuild_status(addr: &str) -> Result<pb::RebuildStatusResponse, EngineRpcError> {
+    let mut c = connect(addr).await?;
+    bounded(
+        addr,
+        "RebuildStatus",
+        c.rebuild_status(pb::RebuildStatusRequest {}),
+    )
+    .await
+}

@@ -37,7 +37,8 @@ use tokio::sync::Mutex;
 use crate::engine_rpc;
 use crate::process::{self, Identity, Launch};
 use crate::resources::{
-    Engine, EngineState, Frontend, Node, Replica, ReplicaMode, ReplicaState, Resource,
+    Engine, EngineState, Frontend, Node, RebuildProgress, Replica, ReplicaMode, ReplicaState,
+    Resource,
 };
 use crate::store::{Store, StoreError, TypedStore};
 
@@ -474,11 +475,34 @@ impl<S: Store> Instances<S> {
             Some(c) => engine_rpc::info(c).await.map_err(|err| err.to_string()),
             None => Err("the engine has not printed its control address".to_string()),
         };
+        // Progress for `zebu volume get --watch`; an engine that cannot say
+        // keeps the last answer.
+        let rebuild = match (&control, &info) {
+            (Some(c), Ok(_)) => match engine_rpc::rebuild_status(c).await {
+                Ok(r) if r.state == "idle" => None,
+                Ok(r) => Some(RebuildProgress {
+                    replica: by_addr
+                        .get(r.replica.as_str())
+                        .map_or_else(|| r.replica.clone(), |n| (*n).to_string()),
+                    state: r.state,
+                    kind: r.kind,
+                    bytes_done: r.bytes_done,
+                    bytes_total: r.bytes_total,
+                    error: r.error,
+                }),
+                Err(err) => {
+                    tracing::debug!(engine = %e.metadata.name, "RebuildStatus: {err}");
+                    e.status.rebuild.clone()
+                }
+            },
+            _ => e.status.rebuild.clone(),
+        };
         self.write_status::<Engine>(&e.metadata.name, |o| {
             o.status.state = EngineState::Running;
             o.status.pid = Some(pid);
             o.status.control_address = control.clone();
             o.status.endpoint = endpoint.clone();
+            o.status.rebuild = rebuild.clone();
             match &info {
                 Ok(i) => {
                     o.status.volume_state = Some(i.state.clone());

@@ -312,6 +312,9 @@ pub struct VolumeStatus {
     pub replicas: Vec<VolumeReplicaSummary>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The rebuild the engine is running now, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<RebuildProgress>,
 }
 
 resource!(
@@ -431,6 +434,26 @@ pub struct EngineStatus {
     /// Why it is in `Error` (the engine's last words), or a rebuild's state.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The engine's current or last rebuild (its `RebuildStatus`); `None`
+    /// while it has never rebuilt anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<RebuildProgress>,
+}
+
+/// Progress of one rebuild, as the engine's `RebuildStatus` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RebuildProgress {
+    /// The Replica being rebuilt (its address if no Replica owns it).
+    pub replica: String,
+    /// `running`, `done` or `failed`.
+    pub state: String,
+    /// `full` or `catch-up`.
+    pub kind: String,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
 }
 
 resource!(

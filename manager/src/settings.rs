@@ -22,7 +22,20 @@ pub struct Settings {
     /// takes no new replicas.
     pub storage_minimal_available_percentage: u64,
     pub default_replica_count: u32,
+    /// `staleReplicaTimeout` (seconds) given to new volumes: how long a
+    /// replica whose node is down is waited for before a replacement is
+    /// scheduled on another node.
+    pub stale_replica_timeout: u64,
 }
+
+/// The minimal-available percentage `zebu up` stores when none is set.
+///
+/// `zebu up` runs every node on one host, so every node's disk is the same
+/// host filesystem, which also holds the user's other files. The cluster
+/// default of 25 % (Longhorn's, meant for a disk given to storage) refuses
+/// every replica on an ordinary developer or CI disk that is more than 75 %
+/// full, while 5 % still keeps replicas off a disk that is about to fill.
+pub const STANDALONE_MINIMAL_AVAILABLE_PERCENTAGE: u64 = 5;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -33,6 +46,7 @@ impl Default for Settings {
             storage_over_provisioning_percentage: 100,
             storage_minimal_available_percentage: 25,
             default_replica_count: 3,
+            stale_replica_timeout: 2880,
         }
     }
 }
@@ -93,6 +107,13 @@ impl Settings {
                     .ok()
                     .filter(|n| (1..=20).contains(n))
                     .ok_or_else(|| invalid("expected 1 to 20"))?
+            }
+            "stale-replica-timeout" => {
+                self.stale_replica_timeout = value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| (1..=7 * 24 * 3600).contains(n))
+                    .ok_or_else(|| invalid("expected seconds, 1 to 604800"))?
             }
             _ => return Err(SettingError::Unknown(name.to_string())),
         }

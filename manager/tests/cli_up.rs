@@ -131,6 +131,96 @@ fn up_serves_the_api_and_the_cli_drives_volumes() {
     assert!(err.contains("node \"node-9\" does not exist"), "{err}");
     let (code, err) = fails(&api, &["volume", "get", "nope"]);
     assert_eq!((code, err.trim()), (1, "zebu: volume \"nope\" not found"));
+    for args in [
+        &["volume", "delete", "nope"][..],
+        &["volume", "attach", "nope"],
+        &["volume", "detach", "nope"],
+    ] {
+        let (code, err) = fails(&api, args);
+        assert_eq!(
+            (code, err.trim()),
+            (1, "zebu: volume \"nope\" not found"),
+            "{args:?}"
+        );
+    }
+    // Larger than any disk: refused at create with the scheduler's reason.
+    let (code, err) = fails(&api, &["volume", "create", "huge", "--size", "64Ti"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with(
+            "zebu: cannot schedule replica 1 of volume huge: no disk has 64 TiB available"
+        ),
+        "{err}"
+    );
+    // Four replicas on three nodes under hard node anti-affinity.
+    let (code, err) = fails(
+        &api,
+        &[
+            "volume",
+            "create",
+            "wide",
+            "--size",
+            "1G",
+            "--replicas",
+            "4",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert_eq!(
+        err.trim(),
+        "zebu: cannot schedule replica 4 of volume wide: 3 nodes, hard node anti-affinity needs 4"
+    );
+    // Neither refused volume was stored.
+    assert_eq!(fails(&api, &["volume", "get", "huge"]).0, 1);
+    assert_eq!(fails(&api, &["volume", "get", "wide"]).0, 1);
+    // Malformed sizes and flags: exit 2 before any request.
+    let (code, err) = fails(&api, &["volume", "create", "x", "--size", "ten"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.starts_with("zebu: invalid value 'ten' for '--size <SIZE>'"),
+        "{err}"
+    );
+    let (code, err) = fails(
+        &api,
+        &["volume", "create", "x", "--size", "1G", "--colour", "red"],
+    );
+    assert_eq!(code, 2);
+    assert_eq!(err.trim(), "zebu: unexpected argument '--colour' found");
+    let (code, err) = fails(&api, &["volume", "create", "x"]);
+    assert_eq!(
+        (code, err.trim()),
+        (
+            2,
+            "zebu: the following required arguments were not provided: --size <SIZE>"
+        )
+    );
+    // A reader that goes away (`zebu node ls | head -c0`) ends the command
+    // quietly instead of a panic.
+    let mut child = Command::new(ZEBU)
+        .args(["node", "ls", "-o", "json"])
+        .env("ZEBU_API", &api)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    let (code, err) = fails(
+        &api,
+        &["volume", "create", "x", "--size", "1G", "--frontend", "fc"],
+    );
+    assert_eq!(code, 2);
+    assert!(
+        err.starts_with("zebu: invalid value 'fc' for '--frontend"),
+        "{err}"
+    );
+    let (code, err) = fails(&api, &["node", "stop", "node-9"]);
+    assert_eq!(
+        (code, err.trim()),
+        (1, "zebu: node \"node-9\" is not run by this zebu up")
+    );
 
     let v = ok_json(
         &api,

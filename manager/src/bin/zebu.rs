@@ -1,5 +1,6 @@
 //! `zebu`: the command line of Zebu; see [`zebu_manager::cli`].
 
+use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -18,14 +19,19 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("zebu: cannot start the async runtime: {e}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "zebu: cannot start the async runtime: {e}"
+            );
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(zebu_manager::cli::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output went away (`| head`): nothing left to do.
+        Err(e) if zebu_manager::cli::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("zebu: {e:#}");
+            let _ = writeln!(std::io::stderr(), "zebu: {e:#}");
             ExitCode::FAILURE
         }
     }

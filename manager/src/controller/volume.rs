@@ -6,11 +6,16 @@
 //!    they are gone, delete the Replica objects (their agents stop the
 //!    processes and remove the directories, then drop the finalizers); when
 //!    those are gone, drop the volume's finalizer and the volume goes.
-//! 2. **Replace stale replicas**: a replica whose node has been not Ready for
-//!    longer than the volume's `staleReplicaTimeout` (or whose node is gone)
-//!    is deleted — its finalizer too, since no agent is there to honour it —
-//!    and step 3 schedules a new one on another node with a fresh directory;
-//!    the engine's heal step then `ReplicaAdd`s it and drops the old address.
+//! 2. **Replace stale replicas, wait first**: a replica whose node has been
+//!    not Ready for longer than the volume's `staleReplicaTimeout` (or whose
+//!    node is gone) gets the [`SUPERSEDED_LABEL`] and stops counting, so
+//!    step 3 schedules a new one on another node with a fresh directory and
+//!    the heal step `ReplicaAdd`s it (a full rebuild). Only when the
+//!    replacement is RW in the engine (or, detached, running) is the old one
+//!    deleted — by its agent if the node is back, else forcibly (finalizer
+//!    dropped; the agent removes the directory as an orphan if the node ever
+//!    returns). Until then the old copy still exists should the rebuild
+//!    fail. The engine then drops its address as one no Replica owns.
 //! 3. **Schedule**: fewer live replicas than `numberOfReplicas` → run the
 //!    scheduler and create the missing Replica objects.
 //! 4. **Attach / detach**: `spec.nodeId` set and no engine → once the
@@ -49,6 +54,11 @@ use crate::store::{Store, StoreError, TypedStore};
 
 /// Held by every Volume until its engine and replicas are gone.
 pub const VOLUME_FINALIZER: &str = "zebu.io/volume-controller";
+
+/// Set on a replica whose node stayed down longer than the volume's
+/// `staleReplicaTimeout` (value: when); it no longer counts, and goes once
+/// its replacement is in sync — even if its node comes back meanwhile.
+pub const SUPERSEDED_LABEL: &str = "zebu.io/superseded";
 
 /// How long to wait between two `ReplicaAdd`s of one address.
 const HEAL_BACKOFF: Duration = Duration::from_secs(2);
@@ -204,17 +214,35 @@ impl<S: Store> VolumeController<S> {
             }
         }
 
-        // 2. Replace replicas whose node has been gone too long.
+        // 2. Replicas whose node has been gone too long are superseded: a
+        //    label, written before anything else happens, takes them out of
+        //    the count so step 3 schedules a replacement elsewhere; they are
+        //    removed only once the replacement is in sync.
         let timeout = Duration::from_secs(v.spec.stale_replica_timeout);
         let mut live: Vec<&Replica> = Vec::new();
+        let mut superseded: Vec<&Replica> = Vec::new();
         for r in mine
             .iter()
             .filter(|r| r.metadata.deletion_timestamp.is_none())
         {
-            if self.node_gone_for(w, &r.spec.node) >= Some(timeout) {
+            if r.metadata.labels.contains_key(SUPERSEDED_LABEL) {
+                superseded.push(r);
+            } else if self.node_gone_for(w, &r.spec.node) >= Some(timeout) {
                 tracing::warn!(volume = %name, replica = %r.metadata.name, node = %r.spec.node,
-                    "node gone longer than staleReplicaTimeout ({} s): replacing the replica", timeout.as_secs());
-                self.force_remove(name, *r).await?;
+                    "node gone longer than staleReplicaTimeout ({} s): scheduling a replacement", timeout.as_secs());
+                let mut marked = (*r).clone();
+                marked
+                    .metadata
+                    .labels
+                    .insert(SUPERSEDED_LABEL.into(), crate::time::now_rfc3339());
+                match self.store.update_as(&marked).await {
+                    Ok(_) => superseded.push(r),
+                    // Changed meanwhile: decide again on the next pass.
+                    Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
+                        return Ok(());
+                    }
+                    Err(e) => return Err(Self::err(name)(e)),
+                }
             } else {
                 live.push(r);
             }
@@ -276,6 +304,32 @@ impl<S: Store> VolumeController<S> {
             (None, _) => {}
         }
 
+        // 2b. Remove superseded replicas once their replacements are in
+        //     sync: every live replica RW in the running engine, or, with
+        //     no engine, every live replica running.
+        if !superseded.is_empty() && live.len() as u32 >= v.spec.number_of_replicas {
+            let in_sync = match current.filter(|e| e.status.state == EngineState::Running) {
+                Some(e) => live.iter().all(|r| {
+                    e.status.replica_modes.get(&r.metadata.name) == Some(&ReplicaMode::RW)
+                }),
+                None => current.is_none() && running.len() == live.len(),
+            };
+            if in_sync {
+                for r in &superseded {
+                    tracing::info!(volume = %name, replica = %r.metadata.name, node = %r.spec.node,
+                        "replacement in sync: removing the superseded replica");
+                    if node_ready(&r.spec.node) {
+                        // Its agent stops the process and removes the files.
+                        self.delete::<Replica>(name, &r.metadata.name).await?;
+                    } else {
+                        // No agent to do it; the directory goes when the node
+                        // comes back (it is then named by no Replica).
+                        self.force_remove(name, *r).await?;
+                    }
+                }
+            }
+        }
+
         // 7. Status.
         let engine = current.filter(|e| e.status.state == EngineState::Running);
         let state = match (wanted, engine, engines.is_empty()) {
@@ -318,6 +372,9 @@ impl<S: Store> VolumeController<S> {
             })
             .collect();
         let endpoint = engine.and_then(|e| e.status.endpoint.clone());
+        let rebuild = engine
+            .and_then(|e| e.status.rebuild.clone())
+            .filter(|r| r.state == "running");
         let current_node = engine.map(|e| e.spec.node.clone());
         let prev = v.status.robustness;
         if prev != robustness {
@@ -333,6 +390,7 @@ impl<S: Store> VolumeController<S> {
             };
             s.current_node = current_node.clone();
             s.replicas = summary.clone();
+            s.rebuild = rebuild.clone();
         })
         .await
     }
