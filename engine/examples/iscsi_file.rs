@@ -10,7 +10,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Parser;
 use zebu_engine::blockdev::{BlockDevice, FileDevice, MemDevice};
 use zebu_engine::iscsi::{Chap, IscsiConfig, IscsiServer};
@@ -38,22 +38,6 @@ struct Args {
     mutual_secret: Option<String>,
 }
 
-fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        Some('T' | 't') => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
-    let size = n.checked_mul(mult).context("size overflows")?;
-    if size == 0 || size % 512 != 0 {
-        bail!("size must be a non-zero multiple of 512");
-    }
-    Ok(size)
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -61,7 +45,7 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let size = parse_size(&args.size)?;
+    let size = zebu_engine::cli_args::parse_size(&args.size).map_err(anyhow::Error::msg)?;
     let dev: Arc<dyn BlockDevice> = match &args.file {
         Some(p) => {
             Arc::new(FileDevice::open(p, size).with_context(|| format!("opening {}", p.display()))?)

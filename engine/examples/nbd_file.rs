@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 use zebu_engine::blockdev::{BlockDevice, FileDevice, MemDevice};
@@ -27,27 +27,11 @@ struct Args {
     #[arg(long)]
     name: String,
     /// Device size: bytes, or with a K/M/G/T suffix (powers of 1024).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = zebu_engine::cli_args::parse_size)]
     size: u64,
     /// Backing file (created sparse if missing); without it the device lives in memory.
     #[arg(long)]
     file: Option<PathBuf>,
-}
-
-fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let s = s.trim();
-    let (digits, shift) = match s.as_bytes().last().map(u8::to_ascii_uppercase) {
-        Some(b'K') => (&s[..s.len() - 1], 10),
-        Some(b'M') => (&s[..s.len() - 1], 20),
-        Some(b'G') => (&s[..s.len() - 1], 30),
-        Some(b'T') => (&s[..s.len() - 1], 40),
-        _ => (s, 0),
-    };
-    let n: u64 = digits.parse().with_context(|| format!("bad size {s:?}"))?;
-    match n.checked_mul(1u64 << shift) {
-        Some(0) | None => bail!("size {s:?} is zero or too large"),
-        Some(v) => Ok(v),
-    }
 }
 
 #[tokio::main]

@@ -1,7 +1,15 @@
 //! Parsing of the sizes and durations people type on command lines.
 
-/// Parses `4096`, `512M`, `10G`, `1T`, `2GiB` (binary units, case-insensitive).
+/// Parses a size like [`parse_bytes`] and refuses zero.
 pub fn parse_size(s: &str) -> Result<u64, String> {
+    match parse_bytes(s)? {
+        0 => Err(format!("invalid size '{s}': must be more than zero")),
+        v => Ok(v),
+    }
+}
+
+/// Parses `0`, `4096`, `512M`, `10G`, `1T`, `2GiB` (binary units, case-insensitive).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let fail = |why: &str| format!("invalid size '{s}': {why}");
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
@@ -25,11 +33,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "T" => 40,
         other => return Err(fail(&format!("unknown unit '{other}' (use K, M, G or T)"))),
     };
-    match n.checked_mul(1u64 << shift) {
-        Some(0) => Err(fail("must be more than zero")),
-        Some(v) => Ok(v),
-        None => Err(fail("too large")),
-    }
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| fail("too large"))
 }
 
 /// Parses `5s`, `500ms`, `2m`, or plain seconds.
@@ -46,9 +51,10 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         "" | "s" => n,
         "ms" => n / 1000.0,
         "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
         other => {
             return Err(format!(
-                "invalid duration '{s}': unknown unit '{other}' (use ms, s or m)"
+                "invalid duration '{s}': unknown unit '{other}' (use ms, s, m or h)"
             ));
         }
     };
@@ -71,6 +77,7 @@ mod tests {
         assert!(parse_size("10Q").unwrap_err().contains("unknown unit 'Q'"));
         assert!(parse_size("G").is_err());
         assert!(parse_size("0").is_err());
+        assert_eq!(parse_bytes("0"), Ok(0));
         assert!(parse_size("99999999999T").is_err());
     }
 
@@ -82,6 +89,10 @@ mod tests {
             Ok(std::time::Duration::from_millis(500))
         );
         assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("5h").is_err());
+        assert_eq!(
+            parse_duration("2h"),
+            Ok(std::time::Duration::from_secs(7200))
+        );
+        assert!(parse_duration("5d").is_err());
     }
 }

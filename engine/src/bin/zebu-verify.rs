@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use zebu_engine::blockdev::BlockDevice;
+use zebu_engine::cli_args::{parse_bytes, parse_duration};
 use zebu_engine::workload::{
     self, Expect, Model, NbdClient, Pattern, RunId, Scope, StopAfter, WorkloadConfig,
 };
@@ -61,13 +62,13 @@ struct RunArgs {
     #[command(flatten)]
     target: Target,
     /// Bytes per block (multiple of 4096).
-    #[arg(long, default_value = "4096", value_parser = parse_size)]
+    #[arg(long, default_value = "4096", value_parser = parse_bytes)]
     block_size: u64,
     /// First byte of the range to use (multiple of the block size).
-    #[arg(long, default_value = "0", value_parser = parse_size)]
+    #[arg(long, default_value = "0", value_parser = parse_bytes)]
     offset: u64,
     /// Bytes of the export to use (K/M/G suffixes); default: all of it.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_bytes)]
     size_range: Option<u64>,
     /// Run for this long (e.g. 10s, 500ms, 2m).
     #[arg(long, value_parser = parse_duration, conflicts_with = "ops")]
@@ -112,43 +113,6 @@ struct CheckArgs {
     /// Check only blocks the workload touched (default: its whole range).
     #[arg(long)]
     touched_only: bool,
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 4096, 64K, 1G)"))?;
-    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" | "kb" => 1 << 10,
-        "m" | "mib" | "mb" => 1 << 20,
-        "g" | "gib" | "gb" => 1 << 30,
-        "t" | "tib" | "tb" => 1 << 40,
-        _ => return Err(format!("unknown size unit in {s:?} (use K, M, G or T)")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} is too large"))
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (e.g. 10s, 500ms, 2m)"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(format!(
-            "unknown duration unit in {s:?} (use ms, s, m or h)"
-        )),
-    }
 }
 
 fn main() -> ExitCode {
