@@ -1,28 +1,37 @@
 #!/usr/bin/env bash
-# iSCSI frontend benchmark: Zebu's target (engine/examples/iscsi_file, serving a plain
-# file) against tgt (Longhorn's frontend, serving a plain file), measured in the same run.
+# iSCSI frontend benchmark, three targets measured in the same run:
+#   example : Zebu's iSCSI target alone (engine/examples/iscsi_file, serving a plain file)
+#   engine  : the real replicated engine (`zebu-engine serve --frontend iscsi`) with ONE
+#             `zebu-replica` process behind it, so every I/O also crosses the replica
+#             protocol over loopback and lands in the replica's layer files
+#   tgt     : Longhorn's frontend, serving a plain file
 #
 # Method
-# - Both targets serve a fresh sparse 1 GiB file in the same directory (same disk), on
-#   loopback portals, with 512-byte blocks. tgt uses its default `rdwr` backing store
-#   (pread/pwrite in worker threads), the closest match to the example's FileDevice.
+# - The example and tgt serve a fresh sparse 1 GiB file, the engine a fresh 1 GiB replica
+#   directory, all in WORKDIR (same disk), on loopback portals, with 512-byte blocks. tgt
+#   uses its default `rdwr` backing store (pread/pwrite in worker threads), the closest
+#   match to the example's FileDevice.
 # - Each target is measured by /work/shared/scripts/perf-iscsi.sh (iscsi-perf random 4 KiB
 #   reads at QD32 and sequential 1 MiB reads at QD8; qemu-img bench sequential writes at
 #   4 KiB QD32, 1 MiB QD8, 4 KiB QD1 and reads 4 KiB QD32), median of REPS runs, together
-#   with the target process's CPU use. Zebu runs first, then tgt, back to back, so that both
-#   rows come from the same machine state; the ratio column is zebu / tgt IOPS.
+#   with the target process's CPU use (for the engine: the engine process; the replica's
+#   CPU over its whole run is printed separately). The example runs first, then the engine,
+#   then tgt, back to back, so that all rows come from the same machine state; the ratio
+#   columns are IOPS / tgt IOPS.
 # - The write rows need qemu-img with libiscsi support: qemu-utils and qemu-block-extra of
 #   the same version (see /work/shared/scripts/README.md).
-# - The example is built in release mode. Nothing else heavy should run meanwhile: this
+# - The example, zebu-engine and zebu-replica are built in release mode (logging at warn). Nothing else heavy should run meanwhile: this
 #   machine has 2 shared cores and a shared virtual disk, so compare only rows of one run.
 #
 # Usage: benches/iscsi-bench.sh            Env: RUNTIME (s per run) [8], REPS [3],
-#        EX [freshly built example], PORT_ZEBU [3290], PORT_TGT [3291], WORKDIR [/tmp/iscsi-bench]
+#        EX [freshly built example], BIN [dir with release zebu-engine and zebu-replica],
+#        PORT_ZEBU [3290], PORT_TGT [3291], PORT_ENGINE [3292], WORKDIR [/tmp/iscsi-bench]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCRIPTS=/work/shared/scripts
 PORT_ZEBU=${PORT_ZEBU:-3290}
 PORT_TGT=${PORT_TGT:-3291}
+PORT_ENGINE=${PORT_ENGINE:-3292}
 WORKDIR=${WORKDIR:-/tmp/iscsi-bench}
 export RUNTIME=${RUNTIME:-8} REPS=${REPS:-3}
 mkdir -p "$WORKDIR"
@@ -32,10 +41,18 @@ if [[ -z "${EX:-}" ]]; then
   cargo build --release -q -p zebu-engine --example iscsi_file
   EX=target/release/examples/iscsi_file
 fi
+# BIN: where the release zebu-engine and zebu-replica are (built unless given).
+if [[ -z "${BIN:-}" ]]; then
+  cargo build --release -q -p zebu-engine -p zebu-replica
+  BIN=target/release
+fi
+export RUST_LOG=${RUST_LOG:-warn}
 
-zebu_pid=""
+zebu_pid="" engine_pid="" replica_pid=""
 cleanup() {
   [[ -n "$zebu_pid" ]] && kill "$zebu_pid" 2>/dev/null || true
+  [[ -n "$engine_pid" ]] && kill "$engine_pid" 2>/dev/null || true
+  [[ -n "$replica_pid" ]] && kill "$replica_pid" 2>/dev/null || true
   WORKDIR="$WORKDIR/tgt" "$SCRIPTS/tgt-down.sh" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -52,6 +69,32 @@ echo "== zebu (pid $zebu_pid)"
   | tee "$WORKDIR/zebu.perf"
 kill "$zebu_pid"; wait "$zebu_pid" 2>/dev/null || true; zebu_pid=""
 
+# ---- engine + one replica
+rm -rf "$WORKDIR/replica"; mkdir -p "$WORKDIR/replica"
+"$BIN/zebu-replica" serve --dir "$WORKDIR/replica" --listen 127.0.0.11:0 --size 1G \
+  >"$WORKDIR/replica.out" 2>"$WORKDIR/replica.err" &
+replica_pid=$!
+for _ in $(seq 100); do grep -q '^listening on' "$WORKDIR/replica.out" 2>/dev/null && break; sleep 0.1; done
+replica_addr=$(sed -n 's/^listening on //p' "$WORKDIR/replica.out")
+[[ -n "$replica_addr" ]] || { echo "zebu-replica did not start" >&2; cat "$WORKDIR/replica.err" >&2; exit 1; }
+"$BIN/zebu-engine" serve --volume bench --size 1G --replica "$replica_addr" \
+  --control 127.0.0.1:0 --frontend iscsi --iscsi-listen "127.0.0.1:$PORT_ENGINE" \
+  >"$WORKDIR/engine.out" 2>"$WORKDIR/engine.err" &
+engine_pid=$!
+for _ in $(seq 300); do grep -qx ready "$WORKDIR/engine.out" 2>/dev/null && break; sleep 0.1; done
+grep -qx ready "$WORKDIR/engine.out" || { echo "zebu-engine did not start" >&2; cat "$WORKDIR/engine.err" >&2; exit 1; }
+engine_url=$(sed -n 's/^iscsi //p' "$WORKDIR/engine.out")
+echo "== engine (pid $engine_pid) + 1 replica (pid $replica_pid at $replica_addr)"
+HZ=$(getconf CLK_TCK)
+rticks() { awk '{print $14+$15}' "/proc/$replica_pid/stat"; }
+r0=$(rticks); t0=$(date +%s.%N)
+"$SCRIPTS/perf-iscsi.sh" "$engine_url" "$engine_pid" | tee "$WORKDIR/engine.perf"
+r1=$(rticks); t1=$(date +%s.%N)
+replica_cpu=$(echo "scale=1; 100*($r1-$r0)/$HZ/($t1-$t0)" | bc)
+echo "replica CPU over the engine's whole run: ${replica_cpu}% of one core"
+kill "$engine_pid"; wait "$engine_pid" 2>/dev/null || true; engine_pid=""
+kill "$replica_pid"; wait "$replica_pid" 2>/dev/null || true; replica_pid=""
+
 # ---- tgt
 rm -rf "$WORKDIR/tgt"
 eval "$(WORKDIR="$WORKDIR/tgt" PORTAL="127.0.0.1:$PORT_TGT" CTRL_PORT=7 SIZE=1G \
@@ -62,9 +105,14 @@ WORKDIR="$WORKDIR/tgt" "$SCRIPTS/tgt-down.sh" >/dev/null
 
 # ---- summary
 echo
-printf '%-28s %12s %12s %7s %9s %9s\n' workload zebu_iops tgt_iops ratio zebu_cpu tgt_cpu
+printf '%-28s %11s %11s %11s %8s %8s %8s %8s %8s\n' workload example_iops engine_iops \
+  tgt_iops ex/tgt eng/tgt ex_cpu eng_cpu tgt_cpu
 medians() {  # "workload|iops|cpu" per MEDIAN line, sorted for join
   sed -n 's/^MEDIAN \(.*[^ ]\) *iops=\([^ ]*\) .*target_cpu=\([^ ]*\)$/\1|\2|\3/p' "$1" | sort
 }
-join -t '|' <(medians "$WORKDIR/zebu.perf") <(medians "$WORKDIR/tgt.perf") |
-  awk -F'|' '{r = ($4 > 0) ? $2 / $4 : 0; printf "%-28s %12s %12s %7.2f %9s %9s\n", $1, $2, $4, r, $3, $5}'
+# fields after the joins: 1 workload, 2-3 example iops/cpu, 4-5 engine, 6-7 tgt
+join -t '|' <(medians "$WORKDIR/zebu.perf") <(medians "$WORKDIR/engine.perf") |
+  join -t '|' - <(medians "$WORKDIR/tgt.perf") |
+  awk -F'|' '{ex = ($6 > 0) ? $2 / $6 : 0; en = ($6 > 0) ? $4 / $6 : 0;
+              printf "%-28s %11s %11s %11s %8.2f %8.2f %8s %8s %8s\n", $1, $2, $4, $6, ex, en, $3, $5, $7}'
+echo "(cpu columns: % of one core of the target process; engine replica used ${replica_cpu}% over its run)"

@@ -9,7 +9,8 @@
 //! restarted engine simply gets new ones. An engine that exits before `ready` (e.g. it
 //! refuses stale replicas) is an error carrying its log, so tests can assert on the reason.
 //! Its stderr is appended to a log file that survives restarts. The child is killed and
-//! reaped when the handle drops.
+//! reaped when the handle drops. With [`EngineConfig::iscsi_listen`] set the engine also
+//! serves iSCSI, and its `iscsi iscsi://ADDR/IQN/1` line gives [`EngineProcess::iscsi`].
 //!
 //! State is read over the control gRPC API ([`EngineProcess::info`],
 //! [`EngineProcess::rebuild_status`]); membership changes go through the `zebu-engine` CLI
@@ -68,6 +69,9 @@ pub struct EngineConfig {
     pub replicas: Vec<String>,
     pub io_timeout: Duration,
     pub salvage: bool,
+    /// Also serve the iSCSI frontend on this address (`127.0.0.1:0` picks a port); the
+    /// URL the engine prints lands in [`EngineProcess::iscsi`].
+    pub iscsi_listen: Option<SocketAddr>,
 }
 
 impl EngineConfig {
@@ -78,6 +82,7 @@ impl EngineConfig {
             replicas: replicas.iter().map(|a| a.to_string()).collect(),
             io_timeout: Duration::from_secs(2),
             salvage: false,
+            iscsi_listen: None,
         }
     }
 }
@@ -87,6 +92,9 @@ pub struct EngineProcess {
     child: Child,
     /// The NBD frontend, `host:port`.
     pub nbd: String,
+    /// The iSCSI frontend's URL, `iscsi://HOST:PORT/IQN/1`, when
+    /// [`EngineConfig::iscsi_listen`] asked for it.
+    pub iscsi: Option<String>,
     pub volume: String,
     pub control: SocketAddr,
     log: PathBuf,
@@ -114,6 +122,10 @@ impl EngineProcess {
         if cfg.salvage {
             cmd.arg("--salvage");
         }
+        if let Some(addr) = cfg.iscsi_listen {
+            cmd.args(["--frontend", "iscsi"])
+                .args(["--iscsi-listen", &addr.to_string()]);
+        }
         let mut child = cmd
             .env(
                 "RUST_LOG",
@@ -137,7 +149,7 @@ impl EngineProcess {
             }
         });
         let deadline = Instant::now() + ENGINE_START_TIMEOUT;
-        let (mut nbd, mut control) = (None, None);
+        let (mut nbd, mut control, mut iscsi) = (None, None, None);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
@@ -148,6 +160,8 @@ impl EngineProcess {
                         let rest = url.strip_prefix("nbd://").context("nbd line")?;
                         let hostport = rest.split('/').next().unwrap_or_default();
                         nbd = Some(hostport.to_string());
+                    } else if let Some(url) = line.strip_prefix("iscsi ") {
+                        iscsi = Some(url.to_string());
                     } else if let Some(a) = line.strip_prefix("control ") {
                         control = Some(a.parse::<SocketAddr>().context("control address")?);
                     } else if line == "ready" {
@@ -173,9 +187,15 @@ impl EngineProcess {
             let _ = child.wait();
             bail!("zebu-engine said ready without printing its nbd and control addresses");
         };
+        if cfg.iscsi_listen.is_some() && iscsi.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("zebu-engine said ready without printing its iscsi URL");
+        }
         Ok(EngineProcess {
             child,
             nbd,
+            iscsi,
             volume: cfg.volume.clone(),
             control,
             log: log.to_path_buf(),
