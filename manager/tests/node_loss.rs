@@ -205,8 +205,14 @@ fn a_replica_on_a_node_gone_too_long_is_rebuilt_elsewhere_then_removed_and_delet
     );
     assert!(replica_dirs(tmp.path(), 4).is_empty());
     assert!(replica_pids(tmp.path()).is_empty());
-    // Every allocated byte of the replicas is gone from the data directory.
-    assert!(used - allocated(tmp.path()) >= replicas_bytes);
+    // Every allocated byte of the replicas is gone from the data directory. `used` was
+    // taken a moment before the replicas were measured, while a writer may still have been
+    // finishing: allow a few MiB of slack.
+    let left = allocated(tmp.path());
+    assert!(
+        left + replicas_bytes <= used + (4 << 20),
+        "data dir {used} -> {left} B, replicas held {replicas_bytes} B"
+    );
     // statvfs is of a filesystem other programs write to at the same time
     // (builds of other worktrees), so its growth is reported above and only
     // checked loosely: a delete that freed nothing would show no growth.
