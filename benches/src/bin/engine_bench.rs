@@ -23,14 +23,11 @@ use clap::Parser;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
+use zebu_benches::{GIB, KIB, MIB, WORKLOADS, Workload};
 use zebu_engine::blockdev::BlockDevice;
 use zebu_engine::replicator::{StartOptions, Volume, VolumeConfig};
 use zebu_engine::workload::NbdClient;
 use zebu_tests::{ReplicaProcess, bin_path, loopback};
-
-const KIB: u64 = 1024;
-const MIB: u64 = 1024 * KIB;
-const GIB: u64 = 1024 * MIB;
 
 /// Replica `i` (0-based) listens on 127.0.0.(11 + i).
 const FIRST_REPLICA_HOST: u8 = 11;
@@ -77,46 +74,6 @@ struct Args {
     #[arg(long)]
     json: Option<PathBuf>,
 }
-
-#[derive(Debug, Clone, Copy)]
-struct Workload {
-    name: &'static str,
-    fio_rw: &'static str,
-    block: u64,
-    write: bool,
-    random: bool,
-}
-
-const WORKLOADS: [Workload; 4] = [
-    Workload {
-        name: "randwrite",
-        fio_rw: "randwrite",
-        block: 4 * KIB,
-        write: true,
-        random: true,
-    },
-    Workload {
-        name: "randread",
-        fio_rw: "randread",
-        block: 4 * KIB,
-        write: false,
-        random: true,
-    },
-    Workload {
-        name: "seqwrite",
-        fio_rw: "write",
-        block: MIB,
-        write: true,
-        random: false,
-    },
-    Workload {
-        name: "seqread",
-        fio_rw: "read",
-        block: MIB,
-        write: false,
-        random: false,
-    },
-];
 
 /// One measured row.
 #[derive(Debug, Clone)]

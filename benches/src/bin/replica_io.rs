@@ -13,11 +13,9 @@ use clap::{Parser, ValueEnum};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
+use zebu_benches::{KIB, MIB, WORKLOADS, Workload};
 use zebu_replica::Replica;
 use zebu_replica::io::{AlignedBuf, BackendKind, DataFile, IO_ALIGN, IoConfig, IoEngine};
-
-const KIB: u64 = 1024;
-const MIB: u64 = 1024 * KIB;
 
 #[derive(Parser, Debug)]
 #[command(about = "4 KiB random and 1 MiB sequential I/O through the replica, against fio")]
@@ -68,47 +66,6 @@ enum Level {
     Io,
     Store,
 }
-
-#[derive(Debug, Clone, Copy)]
-struct Workload {
-    name: &'static str,
-    /// fio's `--rw`.
-    fio_rw: &'static str,
-    block: u64,
-    write: bool,
-    random: bool,
-}
-
-const WORKLOADS: [Workload; 4] = [
-    Workload {
-        name: "randwrite",
-        fio_rw: "randwrite",
-        block: 4 * KIB,
-        write: true,
-        random: true,
-    },
-    Workload {
-        name: "randread",
-        fio_rw: "randread",
-        block: 4 * KIB,
-        write: false,
-        random: true,
-    },
-    Workload {
-        name: "seqwrite",
-        fio_rw: "write",
-        block: MIB,
-        write: true,
-        random: false,
-    },
-    Workload {
-        name: "seqread",
-        fio_rw: "read",
-        block: MIB,
-        write: false,
-        random: false,
-    },
-];
 
 #[derive(Debug, Clone)]
 struct Measurement {
