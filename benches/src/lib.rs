@@ -47,3 +47,62 @@ pub const WORKLOADS: [Workload; 4] = [
         random: false,
     },
 ];
+
+/// What fio measured for one row.
+#[derive(Debug, Clone)]
+pub struct FioResult {
+    pub ops: u64,
+    pub bytes: u64,
+    pub elapsed: std::time::Duration,
+    /// Submission plus completion latency, mean.
+    pub mean_latency_us: f64,
+}
+
+/// The reference row: fio with io_uring and `O_DIRECT` on `file` (which must exist with
+/// `size` bytes), the same block size, pattern and queue depth as `w`, for `runtime_s`
+/// seconds; write rows end with an fsync, as the Zebu rows end with a flush.
+pub fn run_fio(
+    w: &Workload,
+    file: &std::path::Path,
+    size: u64,
+    runtime_s: u64,
+    iodepth: usize,
+) -> anyhow::Result<FioResult> {
+    use anyhow::Context;
+    let out = std::process::Command::new("fio")
+        .arg("--name=ref")
+        .arg(format!("--filename={}", file.display()))
+        .args(["--ioengine=io_uring", "--direct=1"])
+        .arg(format!("--rw={}", w.fio_rw))
+        .arg(format!("--bs={}", w.block))
+        .arg(format!("--iodepth={iodepth}"))
+        .arg("--numjobs=1")
+        .arg(format!("--size={size}"))
+        .arg("--time_based=1")
+        .arg(format!("--runtime={runtime_s}"))
+        .args(["--norandommap=1", "--randrepeat=0", "--allow_file_create=0"])
+        .arg(format!("--end_fsync={}", u8::from(w.write)))
+        .arg("--output-format=json")
+        .output()
+        .context("run fio (is it installed?)")?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "fio failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("parse fio JSON output")?;
+    let job = &report["jobs"][0];
+    let side = if w.write { &job["write"] } else { &job["read"] };
+    let runtime_ms = side["runtime"].as_u64().context("fio runtime")?;
+    let mean_ns = side["clat_ns"]["mean"].as_f64().unwrap_or(0.0)
+        + side["slat_ns"]["mean"].as_f64().unwrap_or(0.0);
+    Ok(FioResult {
+        ops: side["total_ios"].as_u64().context("fio total_ios")?,
+        bytes: side["io_bytes"].as_u64().context("fio io_bytes")?,
+        elapsed: std::time::Duration::from_millis(runtime_ms.max(1)),
+        mean_latency_us: mean_ns / 1e3,
+    })
+}

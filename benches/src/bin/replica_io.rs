@@ -2,7 +2,6 @@
 //! same file, in the same run. Method and command: benches/README.md.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -391,48 +390,14 @@ async fn run_row(
 }
 
 fn run_fio(args: &Args, w: &Workload, file: &Path) -> anyhow::Result<Measurement> {
-    let out = Command::new("fio")
-        .arg("--name=ref")
-        .arg(format!("--filename={}", file.display()))
-        .arg("--ioengine=io_uring")
-        .arg("--direct=1")
-        .arg(format!("--rw={}", w.fio_rw))
-        .arg(format!("--bs={}", w.block))
-        .arg(format!("--iodepth={}", args.iodepth))
-        .arg("--numjobs=1")
-        .arg(format!("--size={}", args.size))
-        .arg("--time_based=1")
-        .arg(format!("--runtime={}", args.runtime))
-        .arg("--norandommap=1")
-        .arg("--randrepeat=0")
-        .arg("--allow_file_create=0")
-        .arg(format!("--end_fsync={}", u8::from(w.write)))
-        .arg("--output-format=json")
-        .output()
-        .context("run fio (is it installed?)")?;
-    if !out.status.success() {
-        bail!(
-            "fio failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let report: serde_json::Value =
-        serde_json::from_slice(&out.stdout).context("parse fio JSON output")?;
-    let job = &report["jobs"][0];
-    let side = if w.write { &job["write"] } else { &job["read"] };
-    let ops = side["total_ios"].as_u64().context("fio total_ios")?;
-    let bytes = side["io_bytes"].as_u64().context("fio io_bytes")?;
-    let runtime_ms = side["runtime"].as_u64().context("fio runtime")?;
-    let mean_ns = side["clat_ns"]["mean"].as_f64().unwrap_or(0.0)
-        + side["slat_ns"]["mean"].as_f64().unwrap_or(0.0);
+    let f = zebu_benches::run_fio(w, file, args.size, args.runtime, args.iodepth)?;
     Ok(Measurement {
         workload: w.name,
         engine: "fio".into(),
-        ops,
-        bytes,
-        elapsed: Duration::from_millis(runtime_ms.max(1)),
-        mean_latency_us: mean_ns / 1e3,
+        ops: f.ops,
+        bytes: f.bytes,
+        elapsed: f.elapsed,
+        mean_latency_us: f.mean_latency_us,
     })
 }
 
