@@ -7,10 +7,13 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
+
+mod common;
+use common::{kill9, ok, qemu_io, volume, wait_for};
 
 const ZEBU: &str = env!("CARGO_BIN_EXE_zebu");
 
@@ -81,13 +84,6 @@ fn pids(binary: &str, needle: &str) -> Vec<i32> {
     out
 }
 
-fn kill9(pid: i32) {
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    );
-}
-
 impl Up {
     fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -110,43 +106,6 @@ impl Drop for Up {
     }
 }
 
-fn zebu(api: &str, args: &[&str]) -> Output {
-    Command::new(ZEBU)
-        .args(args)
-        .env("ZEBU_API", api)
-        .output()
-        .expect("run zebu")
-}
-
-fn ok(api: &str, args: &[&str]) -> String {
-    let out = zebu(api, args);
-    assert!(
-        out.status.success(),
-        "zebu {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn volume(api: &str, name: &str) -> Option<Value> {
-    let out = zebu(api, &["volume", "get", name, "-o", "json"]);
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).expect("json"))
-}
-
-fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < Duration::from_secs(secs),
-            "{what}: not within {secs} s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    start.elapsed()
-}
-
 fn replica_dirs(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for n in 1..=3 {
@@ -155,20 +114,6 @@ fn replica_dirs(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
-}
-
-fn qemu_io(endpoint: &str, cmd: &str) -> String {
-    let out = Command::new("qemu-io")
-        .args(["-f", "raw", "-c", cmd, endpoint])
-        .output()
-        .expect("qemu-io");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success() && !text.contains("fail"),
-        "qemu-io {cmd}: {text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
 }
 
 fn wait_nodes(api: &str) {
