@@ -186,7 +186,7 @@ pub struct IoConfig {
     /// the operations in flight (more wait in a queue).
     pub uring_entries: u32,
     /// Rings of the io_uring back end, each with its own thread (see the `uring` module docs
-    /// for why more than one).
+    /// for why more than one). Default: one per CPU, at most 4.
     pub uring_rings: usize,
     /// Threads of the thread-pool back end, which is also its maximum queue depth.
     pub threads: usize,
@@ -199,11 +199,19 @@ impl Default for IoConfig {
     fn default() -> IoConfig {
         IoConfig {
             uring_entries: 256,
-            uring_rings: 4,
+            uring_rings: default_rings(),
             threads: 8,
             max_chunk: MAX_CHUNK,
         }
     }
+}
+
+/// Rings for the io_uring back end: one per CPU, at most 4. Every request wakes a ring thread
+/// twice (submission, completion); more ring threads than CPUs only add context switches and
+/// shrink the batch each wake carries (measured on 2 cores: 4 rings cost 2–3× the CPU per
+/// 4 KiB request of 2 rings, for no more IOPS; benches/README.md, `replica_io`).
+fn default_rings() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
 /// io_uring lengths are `u32`; a whole, aligned GiB stays well below that.

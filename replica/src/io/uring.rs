@@ -15,7 +15,7 @@
 //! and batching falls out naturally — everything that arrived since the last wait is
 //! submitted with one `io_uring_enter`.
 //!
-//! Why several rings (`IoConfig::uring_rings`, 4 by default) rather than one: every request
+//! Why several rings (`IoConfig::uring_rings`: one per CPU, at most 4) rather than one: every request
 //! crosses the ring thread twice (wake to submit, then reap and reply), so with one ring that
 //! thread is a single point every request waits on. On a loaded machine (measured: 2 cores,
 //! load average ~9) the ring thread used only ~13% of a CPU yet spent its time waiting to be
@@ -23,6 +23,13 @@
 //! request per descheduled thread. Through the store, one ring was 0.55–0.9× the pool; four
 //! rings were 1.0–1.3× (random I/O) in the same runs (benches/README.md, `replica_io`).
 //! Requests in flight together are unordered anyway, so any ring may serve any request.
+//! But not more rings than CPUs: each ring thread is woken for every batch it carries, so
+//! on 2 cores 4 rings cost 2–3× the CPU per 4 KiB request of 2 rings (context switches were
+//! a third of the profile) with no more IOPS.
+//!
+//! Completion mode: the ring is created on its own thread with `SINGLE_ISSUER` and
+//! `DEFER_TASKRUN` where the kernel has them (`new_ring`), so completions are posted when
+//! the thread waits in `io_uring_enter` rather than by interrupting it.
 //!
 //! Allocating writes (the store writes into sparse layer files): ext4 cannot do an
 //! `O_DIRECT` write that allocates without blocking, so io_uring's non-blocking attempt
@@ -141,6 +148,40 @@ impl UringBackend {
     }
 }
 
+/// Applies one set of `IORING_SETUP_*` flags to a ring builder.
+type SetupFlags = fn(&mut io_uring::Builder);
+
+/// Sets up a ring with the cheapest completion mode the kernel offers, and names it.
+///
+/// The ring thread is the only task that submits to or reaps its ring, which is what
+/// `SINGLE_ISSUER` (6.0) and `DEFER_TASKRUN` (6.1) ask: completions are then posted when the
+/// thread itself waits in `io_uring_enter`, instead of interrupting it with task-work
+/// notifications while it runs. Older kernels refuse those flags with `EINVAL`; they get
+/// `COOP_TASKRUN` (5.19), which only drops the interrupt, then a plain ring.
+fn new_ring(entries: u32) -> io::Result<(IoUring, &'static str)> {
+    let attempts: [(&'static str, SetupFlags); 3] = [
+        ("single_issuer+defer_taskrun", |b| {
+            b.setup_single_issuer().setup_defer_taskrun();
+        }),
+        ("coop_taskrun", |b| {
+            b.setup_coop_taskrun();
+        }),
+        ("plain", |_| {}),
+    ];
+    let mut last = None;
+    for (name, configure) in attempts {
+        let mut builder = IoUring::builder();
+        builder.setup_clamp();
+        configure(&mut builder);
+        match builder.build(entries) {
+            Ok(ring) => return Ok((ring, name)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("no io_uring setup was tried")))
+}
+
 /// Handle to one ring thread; dropping it shuts the thread down and joins it.
 struct RingThread {
     /// `None` only while dropping.
@@ -151,36 +192,54 @@ struct RingThread {
 
 impl RingThread {
     fn start(index: usize, entries: u32, max_chunk: usize) -> io::Result<RingThread> {
-        let ring = IoUring::builder().setup_clamp().build(entries.max(2))?;
-        let sq = ring.params().sq_entries() as usize;
-        let cq = ring.params().cq_entries() as usize;
-        let capacity = sq.min(cq) - 1;
         let waker = Arc::new(Waker::new()?);
         let (tx, rx) = mpsc::channel();
-        let reactor = Reactor {
-            ring,
-            rx,
-            waker: waker.clone(),
-            slots: Slots::with_capacity(capacity),
-            backlog: VecDeque::new(),
-            completed: Vec::with_capacity(cq),
-            wake: WakeRead {
-                buf: Box::new(0),
-                armed: false,
-            },
-            closing: false,
-            shutdown_signalled: false,
-            max_chunk,
-        };
+        // The ring is set up on its own thread: with IORING_SETUP_SINGLE_ISSUER the kernel
+        // binds the ring to the task that creates it, and refuses io_uring_enter from others.
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let thread_waker = waker.clone();
         let thread = std::thread::Builder::new()
             .name(format!("zebu-uring-{index}"))
-            .spawn(move || reactor.run())?;
-        tracing::debug!(index, sq, cq, capacity, "io_uring ring started");
-        Ok(RingThread {
+            .spawn(move || {
+                let (ring, flags) = match new_ring(entries.max(2)) {
+                    Ok(ring) => ring,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let sq = ring.params().sq_entries() as usize;
+                let cq = ring.params().cq_entries() as usize;
+                let capacity = sq.min(cq) - 1;
+                let reactor = Reactor {
+                    ring,
+                    rx,
+                    waker: thread_waker,
+                    slots: Slots::with_capacity(capacity),
+                    backlog: VecDeque::new(),
+                    completed: Vec::with_capacity(cq),
+                    wake: WakeRead {
+                        buf: Box::new(0),
+                        armed: false,
+                    },
+                    closing: false,
+                    shutdown_signalled: false,
+                    max_chunk,
+                };
+                tracing::debug!(index, sq, cq, capacity, flags, "io_uring ring started");
+                let _ = ready_tx.send(Ok(()));
+                reactor.run();
+            })?;
+        let handle = RingThread {
             tx: Some(tx),
             waker,
             thread: Some(thread),
-        })
+        };
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(handle),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(io::Error::other("the io_uring thread exited during setup")),
+        }
     }
 
     /// Queues `req` and wakes the thread. If the thread is gone, the request (and its reply

@@ -473,7 +473,7 @@ impl Replica {
                 Some(f) => {
                     let buf = self
                         .io
-                        .read_at(f, range.start, AlignedBuf::zeroed(len))
+                        .read_at(f, range.start, AlignedBuf::for_overwrite(len))
                         .await
                         .map_err(io_err(format!("read {len} bytes at {}", range.start)))?;
                     Ok(buf_to_bytes(buf))
@@ -486,7 +486,11 @@ impl Replica {
             Some(async move {
                 let buf = self
                     .io
-                    .read_at(&f, r.start, AlignedBuf::zeroed((r.end - r.start) as usize))
+                    .read_at(
+                        &f,
+                        r.start,
+                        AlignedBuf::for_overwrite((r.end - r.start) as usize),
+                    )
                     .await
                     .map_err(io_err(format!(
                         "read {} bytes at {}",
@@ -538,7 +542,12 @@ impl Replica {
             .write_at(&head, offset, buf)
             .await
             .map_err(io_err(format!("write {len} bytes at {offset}")))?;
-        self.chain_mut().head_extents.insert(blocks(&range), ());
+        // An overwrite of blocks the head already holds changes nothing in the index; the
+        // check under the shared lock spares the exclusive one (and the map's churn) then.
+        let blocks = blocks(&range);
+        if !self.chain().head_extents.holds(blocks.clone(), ()) {
+            self.chain_mut().head_extents.insert(blocks, ());
+        }
         Ok(())
     }
 

@@ -226,7 +226,7 @@ impl Replica {
         let len = (r.end - r.start) as usize;
         let buf = self
             .io
-            .read_at(from, r.start, AlignedBuf::zeroed(len))
+            .read_at(from, r.start, AlignedBuf::for_overwrite(len))
             .await
             .map_err(io_err(format!(
                 "read {len} bytes at {} for a merge",
@@ -415,7 +415,7 @@ impl Replica {
         let file = self.chain().files[&id].clone();
         let buf = self
             .io
-            .read_at(&file, offset, AlignedBuf::zeroed(len as usize))
+            .read_at(&file, offset, AlignedBuf::for_overwrite(len as usize))
             .await
             .map_err(io_err(format!("read {len} bytes of {id} at {offset}")))?;
         Ok(super::buf_to_bytes(buf))
