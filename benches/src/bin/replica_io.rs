@@ -55,6 +55,12 @@ struct Args {
     /// mostly read holes, so pair it with `--workloads randwrite,seqwrite`.
     #[arg(long)]
     sparse: bool,
+    /// `--level store` only: hand `Replica::write` its payload in page-aligned memory
+    /// (`AlignedBuf::into_bytes`), as a transport that receives into aligned buffers would, so
+    /// the store writes it without a copy. By default the payload is an ordinary heap `Bytes`
+    /// (as a gRPC message gives today), which the store copies into an aligned buffer.
+    #[arg(long)]
+    aligned_payload: bool,
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -375,7 +381,11 @@ async fn run_row(
             let mut rng = StdRng::seed_from_u64(1000 + i as u64);
             let mut buf = AlignedBuf::zeroed(w.block as usize);
             rng.fill(&mut buf[..]);
-            let data = Bytes::copy_from_slice(&buf);
+            let data = if args.aligned_payload {
+                AlignedBuf::copy_from(&buf).into_bytes()
+            } else {
+                Bytes::copy_from_slice(&buf)
+            };
             let (mut ops, mut busy) = (0u64, Duration::ZERO);
             while Instant::now() < deadline {
                 let block = if w.random {
@@ -511,6 +521,7 @@ fn write_json(args: &Args, results: &[Measurement], path: &Path) -> anyhow::Resu
         "iodepth": args.iodepth,
         "runtime_s": args.runtime,
         "sparse": args.sparse,
+        "aligned_payload": args.aligned_payload,
         "uring_rings": args.rings.unwrap_or(IoConfig::default().uring_rings),
         "kernel": kernel,
         "results": rows,

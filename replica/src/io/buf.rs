@@ -24,6 +24,8 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use bytes::Bytes;
+
 use super::IO_ALIGN;
 
 /// Largest allocation the cache keeps (the store's merge and rebuild chunk is 1 MiB; engines
@@ -95,6 +97,14 @@ impl AlignedBuf {
                 false,
             ),
         }
+    }
+
+    /// The buffer as `Bytes`, without a copy; the memory goes back to the cache when the last
+    /// `Bytes` pointing into it drops. Whole, it can be written without a copy again
+    /// ([`IoEngine::write_bytes_at`](super::IoEngine::write_bytes_at)): a transport that
+    /// receives payloads into `AlignedBuf`s spares the replica a copy of every write.
+    pub fn into_bytes(self) -> Bytes {
+        Bytes::from_owner(self)
     }
 
     pub fn as_ptr(&self) -> *const u8 {
@@ -197,6 +207,12 @@ impl Drop for AlignedBuf {
         }
         // SAFETY: allocated in `allocate` with exactly this layout, and not cached.
         unsafe { dealloc(self.ptr.as_ptr(), layout(self.cap)) };
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        self
     }
 }
 

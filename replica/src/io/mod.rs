@@ -45,6 +45,9 @@ mod request;
 mod threads;
 mod uring;
 
+#[cfg(test)]
+mod tests;
+
 pub use buf::AlignedBuf;
 
 use std::fs::File;
@@ -52,6 +55,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use request::Request;
@@ -329,6 +333,36 @@ impl IoEngine {
         rx.await.map_err(|_| backend_stopped())?
     }
 
+    /// Writes all of `data` at `offset`, straight from its memory when the file can take it
+    /// (a buffered file, or an `O_DIRECT` file and `data` at an address and of a length that
+    /// are multiples of [`IO_ALIGN`], as [`AlignedBuf::into_bytes`] gives); otherwise from an
+    /// aligned copy. The `Bytes` is held until the write completes, even if this future is
+    /// dropped.
+    pub async fn write_bytes_at(
+        &self,
+        file: &Arc<DataFile>,
+        offset: u64,
+        data: Bytes,
+    ) -> std::io::Result<()> {
+        let aligned = (data.as_ptr() as usize).is_multiple_of(IO_ALIGN)
+            && data.len().is_multiple_of(IO_ALIGN);
+        if file.is_direct() && !aligned {
+            // A copy may be longer than `data` (padded to the alignment), exactly as a
+            // caller's own `AlignedBuf::copy_from` would be.
+            self.write_at(file, offset, AlignedBuf::copy_from(&data))
+                .await?;
+            return Ok(());
+        }
+        let (reply, rx) = oneshot::channel();
+        self.submit(Request::WriteShared {
+            file: file.clone(),
+            offset,
+            data,
+            reply,
+        });
+        rx.await.map_err(|_| backend_stopped())?
+    }
+
     /// `fdatasync`: every write that completed before this call is durable when it returns.
     pub async fn sync(&self, file: &Arc<DataFile>) -> std::io::Result<()> {
         let (reply, rx) = oneshot::channel();
@@ -362,28 +396,4 @@ fn uring_allowed() -> bool {
             false
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backend_names_parse() {
-        assert_eq!(
-            "uring".parse::<BackendKind>().ok(),
-            Some(BackendKind::Uring)
-        );
-        assert_eq!(
-            "io_uring".parse::<BackendKind>().ok(),
-            Some(BackendKind::Uring)
-        );
-        assert_eq!(
-            " Threads ".parse::<BackendKind>().ok(),
-            Some(BackendKind::Threads)
-        );
-        assert_eq!("auto".parse::<BackendKind>().ok(), Some(BackendKind::Auto));
-        let err = "spdk".parse::<BackendKind>().expect_err("unknown name");
-        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
-    }
 }

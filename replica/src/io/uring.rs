@@ -49,10 +49,11 @@
 //! costs one `write` rather than one per request.
 //!
 //! Memory safety (the part that must be airtight): an SQE carries raw pointers to a buffer and
-//! a raw fd. Each request's [`AlignedBuf`] and `Arc<DataFile>` are moved into a slot of
+//! a raw fd. Each request's buffer ([`AlignedBuf`](super::AlignedBuf), or the `Bytes` of a
+//! shared write) and `Arc<DataFile>` are moved into a slot of
 //! [`Slots`] *before* its SQE is built, and stay there, untouched, until the kernel posts the
 //! CQE for it; only then is the slot emptied. The buffer's heap memory does not move when the
-//! `AlignedBuf` value moves, and no Rust reference to it exists while the kernel may access
+//! `AlignedBuf` (or `Bytes`) value moves, and no Rust mutable reference to it exists while the kernel may access
 //! it. A cancelled caller future only drops its oneshot receiver; the slot is unaffected. If
 //! the thread ever unwinds with operations in flight, [`Slots`] leaks them instead of freeing
 //! memory the kernel may still write. Capacity: at most `sq_entries - 1` operations are in
@@ -76,8 +77,8 @@ use std::time::Duration;
 use io_uring::{IoUring, Probe, opcode, squeue, types};
 use tokio::sync::oneshot;
 
-use super::request::{Direction, Request, Step, Transfer, cqe_result};
-use super::{AlignedBuf, DataFile};
+use super::DataFile;
+use super::request::{Memory, Reply, Request, Step, Transfer, Work, cqe_result};
 
 /// `user_data` of the eventfd read; slot indices are far below it.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -309,7 +310,7 @@ impl Waker {
 enum Job {
     Transfer {
         t: Transfer,
-        reply: oneshot::Sender<io::Result<AlignedBuf>>,
+        reply: Reply,
     },
     Sync {
         file: Arc<DataFile>,
@@ -319,26 +320,9 @@ enum Job {
 
 impl Job {
     fn new(req: Request, max_chunk: usize) -> Job {
-        match req {
-            Request::Read {
-                file,
-                offset,
-                buf,
-                reply,
-            } => Job::Transfer {
-                t: Transfer::new(Direction::Read, file, offset, buf, max_chunk),
-                reply,
-            },
-            Request::Write {
-                file,
-                offset,
-                buf,
-                reply,
-            } => Job::Transfer {
-                t: Transfer::new(Direction::Write, file, offset, buf, max_chunk),
-                reply,
-            },
-            Request::Sync { file, reply } => Job::Sync { file, reply },
+        match req.into_work(max_chunk) {
+            Work::Transfer(t, reply) => Job::Transfer { t, reply },
+            Work::Sync(file, reply) => Job::Sync { file, reply },
         }
     }
 
@@ -349,15 +333,20 @@ impl Job {
             Job::Transfer { t, .. } => {
                 let (offset, len) = t.next_chunk();
                 let fd = types::Fd(t.file.raw_fd());
+                let done = t.done;
                 // `len` is at most `max_chunk`, which `IoConfig` caps below u32::MAX.
                 let len = len as u32;
-                match t.direction {
-                    Direction::Read => {
-                        let ptr = t.buf[t.done..].as_mut_ptr();
+                match &mut t.mem {
+                    Memory::ReadInto(buf) => {
+                        let ptr = buf[done..].as_mut_ptr();
                         opcode::Read::new(fd, ptr, len).offset(offset).build()
                     }
-                    Direction::Write => {
-                        let ptr = t.buf[t.done..].as_ptr();
+                    Memory::WriteFrom(buf) => {
+                        let ptr = buf[done..].as_ptr();
+                        opcode::Write::new(fd, ptr, len).offset(offset).build()
+                    }
+                    Memory::WriteShared(data) => {
+                        let ptr = data[done..].as_ptr();
                         opcode::Write::new(fd, ptr, len).offset(offset).build()
                     }
                 }

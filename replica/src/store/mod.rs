@@ -174,16 +174,8 @@ fn blocks(bytes: &Range<u64>) -> Range<u64> {
 }
 
 /// Lets a read buffer become `Bytes` without a copy.
-struct BufOwner(AlignedBuf);
-
-impl AsRef<[u8]> for BufOwner {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
 fn buf_to_bytes(buf: AlignedBuf) -> Bytes {
-    Bytes::from_owner(BufOwner(buf))
+    buf.into_bytes()
 }
 
 fn to_bytes(blocks: Range<u64>) -> Range<u64> {
@@ -515,9 +507,8 @@ impl Replica {
         if offset.is_multiple_of(BLOCK_SIZE) && len.is_multiple_of(BLOCK_SIZE) {
             let _g = self.gate.read().await;
             self.check_open()?;
-            return self
-                .write_aligned(offset, AlignedBuf::copy_from(&data))
-                .await;
+            // No copy when `data` is already aligned in memory (`write_bytes_at`).
+            return self.write_aligned(offset, data).await;
         }
         // Read-modify-write of the edge blocks: exclusive, so no other write to those blocks
         // can interleave between the read and the write.
@@ -529,17 +520,18 @@ impl Replica {
         let mut buf = AlignedBuf::copy_from(&old);
         let at = (offset - start) as usize;
         buf[at..at + data.len()].copy_from_slice(&data);
-        self.write_aligned(start, buf).await
+        self.write_aligned(start, buf.into_bytes()).await
     }
 
-    /// Writes a block-aligned buffer to the head. The caller holds the gate.
-    async fn write_aligned(&self, offset: u64, buf: AlignedBuf) -> Result<()> {
-        let range = offset..offset + buf.len() as u64;
+    /// Writes block-aligned data (offset and length; its memory need not be) to the head.
+    /// The caller holds the gate.
+    async fn write_aligned(&self, offset: u64, data: Bytes) -> Result<()> {
+        let range = offset..offset + data.len() as u64;
         let _ticket = self.regions.begin_write(range.clone()).await?;
         let head = self.chain().head_file();
-        let len = buf.len();
+        let len = data.len();
         self.io
-            .write_at(&head, offset, buf)
+            .write_bytes_at(&head, offset, data)
             .await
             .map_err(io_err(format!("write {len} bytes at {offset}")))?;
         // An overwrite of blocks the head already holds changes nothing in the index; the

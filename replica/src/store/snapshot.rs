@@ -510,18 +510,16 @@ impl Replica {
             });
         }
         let file = self.chain().files[&id].clone();
+        let len = data.len();
         self.io
-            .write_at(&file, offset, AlignedBuf::copy_from(&data))
+            .write_bytes_at(&file, offset, data)
             .await
-            .map_err(io_err(format!(
-                "write {} bytes of {id} at {offset}",
-                data.len()
-            )))?;
+            .map_err(io_err(format!("write {len} bytes of {id} at {offset}")))?;
         let mut c = self.chain_mut();
         if let Some(&rank) = c.rank.get(&id) {
             let ranks = c.rank.clone();
             c.below
-                .fill_under(blocks(&(offset..offset + data.len() as u64)), id, |old| {
+                .fill_under(blocks(&(offset..offset + len as u64)), id, |old| {
                     ranks[&old] < rank
                 });
         }
