@@ -27,9 +27,11 @@
 //! on 2 cores 4 rings cost 2–3× the CPU per 4 KiB request of 2 rings (context switches were
 //! a third of the profile) with no more IOPS.
 //!
-//! Completion mode: the ring is created on its own thread with `SINGLE_ISSUER` and
-//! `DEFER_TASKRUN` where the kernel has them (`new_ring`), so completions are posted when
-//! the thread waits in `io_uring_enter` rather than by interrupting it.
+//! Not used (yet): `SINGLE_ISSUER` + `DEFER_TASKRUN` (6.1), which fit this design (the ring
+//! thread is the only task that submits and reaps; the ring is already set up on that thread,
+//! as `SINGLE_ISSUER` needs). They were tried, but their effect was not measured apart from
+//! the other changes, and the kill -9 tests showed a failure that then turned out to happen
+//! without them too; left for a measured change of its own.
 //!
 //! Allocating writes (the store writes into sparse layer files): ext4 cannot do an
 //! `O_DIRECT` write that allocates without blocking, so io_uring's non-blocking attempt
@@ -149,40 +151,6 @@ impl UringBackend {
     }
 }
 
-/// Applies one set of `IORING_SETUP_*` flags to a ring builder.
-type SetupFlags = fn(&mut io_uring::Builder);
-
-/// Sets up a ring with the cheapest completion mode the kernel offers, and names it.
-///
-/// The ring thread is the only task that submits to or reaps its ring, which is what
-/// `SINGLE_ISSUER` (6.0) and `DEFER_TASKRUN` (6.1) ask: completions are then posted when the
-/// thread itself waits in `io_uring_enter`, instead of interrupting it with task-work
-/// notifications while it runs. Older kernels refuse those flags with `EINVAL`; they get
-/// `COOP_TASKRUN` (5.19), which only drops the interrupt, then a plain ring.
-fn new_ring(entries: u32) -> io::Result<(IoUring, &'static str)> {
-    let attempts: [(&'static str, SetupFlags); 3] = [
-        ("single_issuer+defer_taskrun", |b| {
-            b.setup_single_issuer().setup_defer_taskrun();
-        }),
-        ("coop_taskrun", |b| {
-            b.setup_coop_taskrun();
-        }),
-        ("plain", |_| {}),
-    ];
-    let mut last = None;
-    for (name, configure) in attempts {
-        let mut builder = IoUring::builder();
-        builder.setup_clamp();
-        configure(&mut builder);
-        match builder.build(entries) {
-            Ok(ring) => return Ok((ring, name)),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last = Some(e),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| io::Error::other("no io_uring setup was tried")))
-}
-
 /// Handle to one ring thread; dropping it shuts the thread down and joins it.
 struct RingThread {
     /// `None` only while dropping.
@@ -195,14 +163,14 @@ impl RingThread {
     fn start(index: usize, entries: u32, max_chunk: usize) -> io::Result<RingThread> {
         let waker = Arc::new(Waker::new()?);
         let (tx, rx) = mpsc::channel();
-        // The ring is set up on its own thread: with IORING_SETUP_SINGLE_ISSUER the kernel
-        // binds the ring to the task that creates it, and refuses io_uring_enter from others.
+        // The ring is set up on the thread that will own it: flags that bind a ring to its
+        // creating task (SINGLE_ISSUER) need that, and setup errors still reach the caller.
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let thread_waker = waker.clone();
         let thread = std::thread::Builder::new()
             .name(format!("zebu-uring-{index}"))
             .spawn(move || {
-                let (ring, flags) = match new_ring(entries.max(2)) {
+                let ring = match IoUring::builder().setup_clamp().build(entries.max(2)) {
                     Ok(ring) => ring,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -227,7 +195,7 @@ impl RingThread {
                     shutdown_signalled: false,
                     max_chunk,
                 };
-                tracing::debug!(index, sq, cq, capacity, flags, "io_uring ring started");
+                tracing::debug!(index, sq, cq, capacity, "io_uring ring started");
                 let _ = ready_tx.send(Ok(()));
                 reactor.run();
             })?;
