@@ -2,7 +2,10 @@
 //!
 //! [`IoEngine::new`] with [`BackendKind::Auto`] tries io_uring and falls back to the thread
 //! pool when the kernel refuses it (old kernel, seccomp, `io_uring_disabled`). Both back ends
-//! take and return [`AlignedBuf`]s so that files opened with `O_DIRECT` work; a file on a
+//! take and return [`AlignedBuf`]s so that files opened with `O_DIRECT` work (allocating one
+//! is cheap: freed ones are cached, see `buf`), and write a caller's `Bytes` in place when its
+//! memory is aligned ([`IoEngine::write_bytes_at`]), so a payload received into an aligned
+//! buffer is never copied; a file on a
 //! filesystem that refuses `O_DIRECT` (overlayfs, tmpfs before Linux 6.6) is opened buffered
 //! instead ([`DataFile::open`]).
 //!
@@ -13,6 +16,7 @@
 //! - `threads` — a fixed pool of `IoConfig::threads` threads doing `pread`/`pwrite`.
 //! - `request` — what both share: the request type, and the one place that decides what a
 //!   short transfer, `EINTR`/`EAGAIN` or end-of-file means.
+//! - `buf` — [`AlignedBuf`] and the cache of freed ones.
 //!
 //! Both back ends own the buffer and an `Arc` of the file from submission until completion, so
 //! dropping an I/O future (cancellation) never frees memory or closes a descriptor the kernel

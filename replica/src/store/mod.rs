@@ -173,11 +173,6 @@ fn blocks(bytes: &Range<u64>) -> Range<u64> {
     bytes.start / BLOCK_SIZE..bytes.end.div_ceil(BLOCK_SIZE)
 }
 
-/// Lets a read buffer become `Bytes` without a copy.
-fn buf_to_bytes(buf: AlignedBuf) -> Bytes {
-    buf.into_bytes()
-}
-
 fn to_bytes(blocks: Range<u64>) -> Range<u64> {
     blocks.start * BLOCK_SIZE..blocks.end * BLOCK_SIZE
 }
@@ -468,7 +463,7 @@ impl Replica {
                         .read_at(f, range.start, AlignedBuf::for_overwrite(len))
                         .await
                         .map_err(io_err(format!("read {len} bytes at {}", range.start)))?;
-                    Ok(buf_to_bytes(buf))
+                    Ok(buf.into_bytes())
                 }
             };
         }
@@ -497,7 +492,7 @@ impl Replica {
             let at = (r.start - range.start) as usize;
             out[at..at + buf.len()].copy_from_slice(&buf);
         }
-        Ok(buf_to_bytes(out))
+        Ok(out.into_bytes())
     }
 
     /// Writes `data` at `offset` into the head. Any alignment; unaligned is read-modify-write.

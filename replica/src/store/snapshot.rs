@@ -418,7 +418,7 @@ impl Replica {
             .read_at(&file, offset, AlignedBuf::for_overwrite(len as usize))
             .await
             .map_err(io_err(format!("read {len} bytes of {id} at {offset}")))?;
-        Ok(super::buf_to_bytes(buf))
+        Ok(buf.into_bytes())
     }
 
     /// Ensures the snapshot layer described by `spec` exists (see `WriteLayerRequest` in the
