@@ -111,6 +111,58 @@ impl std::fmt::Display for Backend {
     }
 }
 
+/// How long opening a layer file waits for an earlier holder to let go of it.
+pub const LAYER_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Takes the exclusive `flock` of a layer file's open file description, waiting up to `wait`
+/// for an earlier holder to release it.
+///
+/// Why: when a replica process dies (`kill -9`), the kernel reaps it without waiting for its
+/// io_uring requests; their writes can land after the process is gone, even after a new
+/// process has opened the directory and read those blocks, so data that a restarted replica
+/// already served (or a catch-up already overwrote) could change under it. Every in-flight
+/// request holds a reference to the `struct file` it was submitted on, and a `flock` is only
+/// released when the last reference to its open file description goes, so a new process
+/// that gets the lock knows that every write of the old one has completed. The same lock
+/// keeps two live processes from serving one directory. A filesystem without `flock`
+/// support (`ENOLCK`, `EOPNOTSUPP`) is used without it.
+fn lock_layer(file: &File, path: &Path, wait: std::time::Duration) -> std::io::Result<()> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        // SAFETY: `file` owns a valid descriptor for the duration of the call; flock reads
+        // nothing else from this process.
+        let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::ENOLCK) | Some(libc::EOPNOTSUPP) => {
+                tracing::warn!(path = %path.display(), "no flock on this filesystem: {e}");
+                return Ok(());
+            }
+            Some(libc::EWOULDBLOCK) if std::time::Instant::now() < deadline => {
+                // Only right after a crash (or with a second process on the directory);
+                // callers open layers on blocking threads.
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Some(libc::EWOULDBLOCK) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    format!(
+                        "{} is held by another open file: another process serves this \
+                         directory, or the writes of one that died have not finished \
+                         after {wait:?}",
+                        path.display()
+                    ),
+                ));
+            }
+            _ => return Err(e),
+        }
+    }
+}
+
 /// An open layer file.
 #[derive(Debug)]
 pub struct DataFile {
@@ -119,7 +171,9 @@ pub struct DataFile {
 }
 
 impl DataFile {
-    /// Opens (or creates) `path` read-write, with `O_DIRECT` where the filesystem allows it.
+    /// Opens (or creates) `path` read-write, with `O_DIRECT` where the filesystem allows it,
+    /// and takes its exclusive lock (waiting up to [`LAYER_LOCK_WAIT`] for the I/O of an
+    /// earlier holder to finish; see `lock_layer`).
     pub fn open(path: &Path, create: bool) -> std::io::Result<DataFile> {
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true).write(true).create(create);
@@ -145,7 +199,8 @@ impl DataFile {
         })
     }
 
-    /// Opens `path` read-only, with `O_DIRECT` where the filesystem allows it (snapshot layers).
+    /// Opens `path` read-only, with `O_DIRECT` where the filesystem allows it (snapshot layers),
+    /// and takes its exclusive lock as [`DataFile::open`] does.
     pub fn open_read_only(path: &Path) -> std::io::Result<DataFile> {
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true);
@@ -159,14 +214,13 @@ impl DataFile {
         opts: &std::fs::OpenOptions,
     ) -> std::io::Result<DataFile> {
         use std::os::unix::fs::OpenOptionsExt;
-        match opts.clone().custom_flags(libc::O_DIRECT).open(path) {
-            Ok(file) => Ok(DataFile { file, direct: true }),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(DataFile {
-                file: opts.open(path)?,
-                direct: false,
-            }),
-            Err(e) => Err(e),
-        }
+        let (file, direct) = match opts.clone().custom_flags(libc::O_DIRECT).open(path) {
+            Ok(file) => (file, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (opts.open(path)?, false),
+            Err(e) => return Err(e),
+        };
+        lock_layer(&file, path, LAYER_LOCK_WAIT)?;
+        Ok(DataFile { file, direct })
     }
 
     #[cfg(test)]

@@ -264,3 +264,35 @@ macro_rules! suite {
 
 suite!(uring, BackendKind::Uring);
 suite!(threads, BackendKind::Threads);
+
+/// A layer file is held by one open file description at a time: a second open waits, gives
+/// up with a message that says why, and succeeds once the first holder (and every request
+/// that still referenced it) is gone.
+#[test]
+fn a_layer_file_is_locked_until_every_reference_to_its_holder_is_gone() {
+    let dir = disk_dir();
+    let path = dir.path().join("layer");
+    let first = Arc::new(DataFile::open(&path, true).expect("create"));
+    let in_flight = first.clone(); // as a request in flight holds it
+    let second = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .expect("plain open");
+    let started = std::time::Instant::now();
+    let err = lock_layer(&second, &path, std::time::Duration::from_millis(200))
+        .expect_err("held by the first open");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(200));
+    assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock);
+    assert!(err.to_string().contains("another process"), "{err}");
+    drop(first);
+    lock_layer(&second, &path, std::time::Duration::from_millis(200))
+        .expect_err("a reference from a request in flight still holds it");
+    // The last reference goes while the second open is waiting: it gets the lock.
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(in_flight);
+    });
+    lock_layer(&second, &path, std::time::Duration::from_secs(5)).expect("released");
+    release.join().expect("release thread");
+}
