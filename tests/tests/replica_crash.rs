@@ -443,3 +443,21 @@ async fn kill_during_revert_leaves_old_head_or_snapshot() {
     }
     eprintln!("{done} of {ROUNDS} interrupted reverts completed (or were no-ops)");
 }
+
+/// A second server on a directory that a live server holds is refused, with a message that
+/// says so, instead of serving the same files twice; the first keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_server_on_a_live_directory_is_refused() {
+    let mut rig = Rig::new(43);
+    let (_client, mut s) = rig.start().await;
+    let mut model = Model::default();
+    let mut rng = StdRng::seed_from_u64(test_seed());
+    let mut stamp = 0;
+    settled_batch(&mut s, &mut model, &mut rng, &mut stamp).await;
+    let err = match ReplicaProcess::start(&rig.dir, SIZE, loopback(44)) {
+        Ok(_) => panic!("a second server opened a directory another one serves"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("held by another open file"), "{err}");
+    verify(&mut s, &mut model).await;
+}

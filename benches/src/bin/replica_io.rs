@@ -55,6 +55,12 @@ struct Args {
     /// mostly read holes, so pair it with `--workloads randwrite,seqwrite`.
     #[arg(long)]
     sparse: bool,
+    /// `--level store` only: hand `Replica::write` its payload in page-aligned memory
+    /// (`AlignedBuf::into_bytes`), as a transport that receives into aligned buffers would, so
+    /// the store writes it without a copy. By default the payload is an ordinary heap `Bytes`
+    /// (as a gRPC message gives today), which the store copies into an aligned buffer.
+    #[arg(long)]
+    aligned_payload: bool,
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -74,15 +80,36 @@ struct Measurement {
     bytes: u64,
     elapsed: Duration,
     mean_latency_us: f64,
+    /// user+sys CPU seconds of whoever served the row: this process (the caller's thread, the
+    /// back end's threads and the kernel's io-wq workers, which belong to the process) for
+    /// Zebu rows, the fio child for fio rows.
+    cpu_s: f64,
 }
 
 impl Measurement {
+    /// CPU per request in µs.
+    fn cpu_us_per_op(&self) -> f64 {
+        self.cpu_s * 1e6 / self.ops.max(1) as f64
+    }
     fn iops(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64()
     }
     fn mib_s(&self) -> f64 {
         self.bytes as f64 / MIB as f64 / self.elapsed.as_secs_f64()
     }
+}
+
+/// user+sys CPU seconds used so far by this process (`RUSAGE_SELF`: every thread, io-wq
+/// workers included) or by its waited-for children (`RUSAGE_CHILDREN`: the fio runs).
+fn cpu_seconds(who: libc::c_int) -> f64 {
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage; getrusage writes only into it.
+    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -228,11 +255,12 @@ async fn run(
 
 fn report_row(m: &Measurement) {
     eprintln!(
-        "{:<10} {:<8} {:>10.0} IOPS {:>9.1} MiB/s",
+        "{:<10} {:<8} {:>10.0} IOPS {:>9.1} MiB/s {:>8.1} µs CPU/op",
         m.workload,
         m.engine,
         m.iops(),
-        m.mib_s()
+        m.mib_s(),
+        m.cpu_us_per_op()
     );
 }
 
@@ -344,6 +372,7 @@ async fn run_row(
 ) -> anyhow::Result<Measurement> {
     let blocks = args.size / w.block;
     let next_seq = AtomicU64::new(0);
+    let cpu0 = cpu_seconds(libc::RUSAGE_SELF);
     let start = Instant::now();
     let deadline = start + Duration::from_secs(args.runtime);
     let workers = (0..args.iodepth).map(|i| {
@@ -352,7 +381,11 @@ async fn run_row(
             let mut rng = StdRng::seed_from_u64(1000 + i as u64);
             let mut buf = AlignedBuf::zeroed(w.block as usize);
             rng.fill(&mut buf[..]);
-            let data = Bytes::copy_from_slice(&buf);
+            let data = if args.aligned_payload {
+                AlignedBuf::copy_from(&buf).into_bytes()
+            } else {
+                Bytes::copy_from_slice(&buf)
+            };
             let (mut ops, mut busy) = (0u64, Duration::ZERO);
             while Instant::now() < deadline {
                 let block = if w.random {
@@ -377,6 +410,7 @@ async fn run_row(
         target.flush().await?;
     }
     let elapsed = start.elapsed();
+    let cpu_s = cpu_seconds(libc::RUSAGE_SELF) - cpu0;
     let ops: u64 = per_worker.iter().map(|(ops, _)| ops).sum();
     let busy: Duration = per_worker.iter().map(|(_, busy)| *busy).sum();
     Ok(Measurement {
@@ -386,11 +420,15 @@ async fn run_row(
         bytes: ops * w.block,
         elapsed,
         mean_latency_us: busy.as_secs_f64() * 1e6 / ops.max(1) as f64,
+        cpu_s,
     })
 }
 
 fn run_fio(args: &Args, w: &Workload, file: &Path) -> anyhow::Result<Measurement> {
+    // fio is waited for before `run_fio` returns, so its CPU is in RUSAGE_CHILDREN by then.
+    let cpu0 = cpu_seconds(libc::RUSAGE_CHILDREN);
     let f = zebu_benches::run_fio(w, file, args.size, args.runtime, args.iodepth)?;
+    let cpu_s = cpu_seconds(libc::RUSAGE_CHILDREN) - cpu0;
     Ok(Measurement {
         workload: w.name,
         engine: "fio".into(),
@@ -398,14 +436,18 @@ fn run_fio(args: &Args, w: &Workload, file: &Path) -> anyhow::Result<Measurement
         bytes: f.bytes,
         elapsed: f.elapsed,
         mean_latency_us: f.mean_latency_us,
+        cpu_s,
     })
 }
 
-fn fio_iops(results: &[Measurement], workload: &str) -> Option<f64> {
+fn fio_row<'a>(results: &'a [Measurement], workload: &str) -> Option<&'a Measurement> {
     results
         .iter()
         .find(|m| m.workload == workload && m.engine == "fio")
-        .map(Measurement::iops)
+}
+
+fn fio_iops(results: &[Measurement], workload: &str) -> Option<f64> {
+    fio_row(results, workload).map(Measurement::iops)
 }
 
 fn print_table(args: &Args, results: &[Measurement]) {
@@ -420,21 +462,28 @@ fn print_table(args: &Args, results: &[Measurement]) {
         args.rings.unwrap_or(IoConfig::default().uring_rings),
     );
     println!(
-        "{:<10} {:<9} {:>10} {:>10} {:>12} {:>8}",
-        "workload", "engine", "IOPS", "MiB/s", "mean lat µs", "vs fio"
+        "{:<10} {:<9} {:>10} {:>10} {:>12} {:>8} {:>11} {:>10}",
+        "workload", "engine", "IOPS", "MiB/s", "mean lat µs", "vs fio", "µs CPU/op", "CPU vs fio"
     );
     for m in results {
-        let ratio = fio_iops(results, m.workload)
-            .map(|f| format!("{:.2}", m.iops() / f))
+        let fio = fio_row(results, m.workload);
+        let ratio = fio
+            .map(|f| format!("{:.2}", m.iops() / f.iops()))
+            .unwrap_or_else(|| "-".into());
+        let cpu_ratio = fio
+            .filter(|f| f.cpu_s > 0.0)
+            .map(|f| format!("{:.2}", m.cpu_us_per_op() / f.cpu_us_per_op()))
             .unwrap_or_else(|| "-".into());
         println!(
-            "{:<10} {:<9} {:>10.0} {:>10.1} {:>12.1} {:>8}",
+            "{:<10} {:<9} {:>10.0} {:>10.1} {:>12.1} {:>8} {:>11.1} {:>10}",
             m.workload,
             m.engine,
             m.iops(),
             m.mib_s(),
             m.mean_latency_us,
-            ratio
+            ratio,
+            m.cpu_us_per_op(),
+            cpu_ratio
         );
     }
 }
@@ -453,6 +502,11 @@ fn write_json(args: &Args, results: &[Measurement], path: &Path) -> anyhow::Resu
                 "mib_per_s": m.mib_s(),
                 "mean_latency_us": m.mean_latency_us,
                 "ratio_to_fio": fio_iops(results, m.workload).map(|f| m.iops() / f),
+                "cpu_s": m.cpu_s,
+                "cpu_us_per_op": m.cpu_us_per_op(),
+                "cpu_ratio_to_fio": fio_row(results, m.workload)
+                    .filter(|f| f.cpu_s > 0.0)
+                    .map(|f| m.cpu_us_per_op() / f.cpu_us_per_op()),
             })
         })
         .collect();
@@ -467,6 +521,7 @@ fn write_json(args: &Args, results: &[Measurement], path: &Path) -> anyhow::Resu
         "iodepth": args.iodepth,
         "runtime_s": args.runtime,
         "sparse": args.sparse,
+        "aligned_payload": args.aligned_payload,
         "uring_rings": args.rings.unwrap_or(IoConfig::default().uring_rings),
         "kernel": kernel,
         "results": rows,

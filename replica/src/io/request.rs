@@ -1,7 +1,8 @@
 //! What a back end is asked to do, and the transfer rules both back ends share.
 //!
 //! A [`Request`] owns everything the operation touches until it completes: the buffer (so the
-//! kernel or a worker thread never writes into memory the caller has freed) and an `Arc` of
+//! kernel or a worker thread never touches memory the caller has freed: an [`AlignedBuf`], or
+//! for [`Request::WriteShared`] a reference-counted `Bytes` the kernel only reads) and an `Arc` of
 //! the file (so the descriptor cannot be closed and reused for another file while the
 //! operation is queued or in flight). The caller only holds the receiving end of a oneshot;
 //! dropping it (cancelling the future) does not cancel the operation, it only discards the
@@ -15,6 +16,7 @@
 use std::io;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::{AlignedBuf, DataFile, IO_ALIGN};
@@ -37,6 +39,15 @@ pub(super) enum Request {
         buf: AlignedBuf,
         reply: oneshot::Sender<io::Result<AlignedBuf>>,
     },
+    /// A write straight from the caller's memory, without a copy. The `Bytes` keeps that
+    /// memory alive until the write completes; for an `O_DIRECT` file its address and length
+    /// are multiples of [`IO_ALIGN`] (checked by `IoEngine::write_bytes_at`).
+    WriteShared {
+        file: Arc<DataFile>,
+        offset: u64,
+        data: Bytes,
+        reply: oneshot::Sender<io::Result<()>>,
+    },
     Sync {
         file: Arc<DataFile>,
         reply: oneshot::Sender<io::Result<()>>,
@@ -48,6 +59,63 @@ pub(super) enum Request {
 pub(super) enum Direction {
     Read,
     Write,
+}
+
+/// A request taken apart: a transfer and who to answer, or a sync.
+pub(super) enum Work {
+    Transfer(Transfer, Reply),
+    Sync(Arc<DataFile>, oneshot::Sender<io::Result<()>>),
+}
+
+impl Request {
+    pub(super) fn into_work(self, max_chunk: usize) -> Work {
+        let (file, offset, mem, reply) = match self {
+            Request::Read {
+                file,
+                offset,
+                buf,
+                reply,
+            } => (file, offset, Memory::ReadInto(buf), Reply::Buffer(reply)),
+            Request::Write {
+                file,
+                offset,
+                buf,
+                reply,
+            } => (file, offset, Memory::WriteFrom(buf), Reply::Buffer(reply)),
+            Request::WriteShared {
+                file,
+                offset,
+                data,
+                reply,
+            } => (file, offset, Memory::WriteShared(data), Reply::Done(reply)),
+            Request::Sync { file, reply } => return Work::Sync(file, reply),
+        };
+        Work::Transfer(Transfer::with_memory(file, offset, mem, max_chunk), reply)
+    }
+}
+
+/// The memory of a transfer. The direction is part of it, so that a read into shared
+/// (read-only) memory cannot be expressed.
+pub(super) enum Memory {
+    ReadInto(AlignedBuf),
+    WriteFrom(AlignedBuf),
+    WriteShared(Bytes),
+}
+
+impl Memory {
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Memory::ReadInto(b) | Memory::WriteFrom(b) => b.len(),
+            Memory::WriteShared(b) => b.len(),
+        }
+    }
+}
+
+/// Who waits for a transfer: a caller that gets its buffer back, or one that only learns
+/// the outcome (a shared write).
+pub(super) enum Reply {
+    Buffer(oneshot::Sender<io::Result<AlignedBuf>>),
+    Done(oneshot::Sender<io::Result<()>>),
 }
 
 /// What to do after one system call (or one io_uring completion) of a transfer.
@@ -62,10 +130,9 @@ pub(super) enum Step {
 
 /// Progress of one read or write of a whole buffer.
 pub(super) struct Transfer {
-    pub(super) direction: Direction,
     pub(super) file: Arc<DataFile>,
     pub(super) offset: u64,
-    pub(super) buf: AlignedBuf,
+    pub(super) mem: Memory,
     /// Bytes of `buf` already transferred.
     pub(super) done: usize,
     /// Largest length issued at once (a multiple of [`IO_ALIGN`]).
@@ -74,6 +141,7 @@ pub(super) struct Transfer {
 }
 
 impl Transfer {
+    #[cfg(test)]
     pub(super) fn new(
         direction: Direction,
         file: Arc<DataFile>,
@@ -81,20 +149,39 @@ impl Transfer {
         buf: AlignedBuf,
         max_chunk: usize,
     ) -> Transfer {
+        let mem = match direction {
+            Direction::Read => Memory::ReadInto(buf),
+            Direction::Write => Memory::WriteFrom(buf),
+        };
+        Transfer::with_memory(file, offset, mem, max_chunk)
+    }
+
+    pub(super) fn with_memory(
+        file: Arc<DataFile>,
+        offset: u64,
+        mem: Memory,
+        max_chunk: usize,
+    ) -> Transfer {
         Transfer {
-            direction,
             file,
             offset,
-            buf,
+            mem,
             done: 0,
             max_chunk,
             eagain_in_a_row: 0,
         }
     }
 
+    pub(super) fn direction(&self) -> Direction {
+        match self.mem {
+            Memory::ReadInto(_) => Direction::Read,
+            Memory::WriteFrom(_) | Memory::WriteShared(_) => Direction::Write,
+        }
+    }
+
     /// File offset and length of the next piece to transfer, starting at `self.done`.
     pub(super) fn next_chunk(&self) -> (u64, usize) {
-        let len = (self.buf.len() - self.done).min(self.max_chunk);
+        let len = (self.mem.len() - self.done).min(self.max_chunk);
         (self.offset + self.done as u64, len)
     }
 
@@ -114,7 +201,7 @@ impl Transfer {
                 "kernel reported {n} bytes for a {asked}-byte transfer"
             )));
         }
-        match self.direction {
+        match self.direction() {
             Direction::Write if n == 0 => Step::Failed(io::Error::new(
                 io::ErrorKind::WriteZero,
                 format!(
@@ -124,7 +211,7 @@ impl Transfer {
             )),
             Direction::Write => {
                 self.done += n;
-                if self.done == self.buf.len() {
+                if self.done == self.mem.len() {
                     Step::Finished
                 } else {
                     Step::Continue
@@ -133,7 +220,7 @@ impl Transfer {
             Direction::Read if n == 0 => self.end_of_file(),
             Direction::Read => {
                 self.done += n;
-                if self.done == self.buf.len() {
+                if self.done == self.mem.len() {
                     Step::Finished
                 } else if n < asked && self.file.is_direct() && !self.done.is_multiple_of(IO_ALIGN)
                 {
@@ -148,9 +235,12 @@ impl Transfer {
         }
     }
 
+    /// Only reads reach end-of-file (`advance` sends writes that stop short elsewhere).
     fn end_of_file(&mut self) -> Step {
-        self.buf[self.done..].fill(0);
-        self.done = self.buf.len();
+        if let Memory::ReadInto(buf) = &mut self.mem {
+            buf[self.done..].fill(0);
+        }
+        self.done = self.mem.len();
         Step::Finished
     }
 
@@ -165,16 +255,30 @@ impl Transfer {
         }
     }
 
-    /// Hands the buffer (or the error) to whoever asked.
-    pub(super) fn finish(self, reply: oneshot::Sender<io::Result<AlignedBuf>>, step: Step) {
-        let result = match step {
-            Step::Finished => Ok(self.buf),
+    /// Hands the buffer (or the error) to whoever asked. Called only once the kernel is done
+    /// with the memory; the shared `Bytes` of a [`Memory::WriteShared`] is released here.
+    pub(super) fn finish(self, reply: Reply, step: Step) {
+        let outcome = match step {
+            Step::Finished => Ok(()),
             Step::Failed(e) => Err(e),
             Step::Continue => Err(io::Error::other("invariant: finish called mid-transfer")),
         };
         // The receiver is gone when the caller cancelled; the result is then dropped here,
         // after the operation has really finished.
-        let _ = reply.send(result);
+        match reply {
+            Reply::Buffer(reply) => {
+                let result = outcome.and_then(|()| match self.mem {
+                    Memory::ReadInto(buf) | Memory::WriteFrom(buf) => Ok(buf),
+                    Memory::WriteShared(_) => Err(io::Error::other(
+                        "invariant: a shared write answered with a buffer",
+                    )),
+                });
+                let _ = reply.send(result);
+            }
+            Reply::Done(reply) => {
+                let _ = reply.send(outcome);
+            }
+        }
     }
 }
 
@@ -212,8 +316,11 @@ mod tests {
         buf.fill(0xAA);
         let mut t = Transfer::new(Direction::Read, file(true), 0, buf, usize::MAX);
         assert!(matches!(t.advance(Ok(5000)), Step::Finished));
-        assert!(t.buf[..5000].iter().all(|&b| b == 0xAA));
-        assert!(t.buf[5000..].iter().all(|&b| b == 0));
+        let Memory::ReadInto(buf) = &t.mem else {
+            panic!("a read transfer")
+        };
+        assert!(buf[..5000].iter().all(|&b| b == 0xAA));
+        assert!(buf[5000..].iter().all(|&b| b == 0));
     }
 
     #[test]
@@ -223,7 +330,10 @@ mod tests {
         let mut t = Transfer::new(Direction::Read, file(false), 0, buf, usize::MAX);
         assert!(matches!(t.advance(Ok(4096)), Step::Continue));
         assert!(matches!(t.advance(Ok(0)), Step::Finished));
-        assert!(t.buf[4096..].iter().all(|&b| b == 0));
+        let Memory::ReadInto(buf) = &t.mem else {
+            panic!("a read transfer")
+        };
+        assert!(buf[4096..].iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use super::request::{Direction, Request, Step, Transfer};
+use super::request::{Memory, Request, Step, Transfer, Work};
 
 pub(super) struct ThreadPool {
     /// `None` only while dropping.
@@ -78,28 +78,12 @@ fn worker(rx: &Mutex<mpsc::Receiver<Request>>, max_chunk: usize) {
 }
 
 fn run(req: Request, max_chunk: usize) {
-    match req {
-        Request::Read {
-            file,
-            offset,
-            buf,
-            reply,
-        } => {
-            let t = Transfer::new(Direction::Read, file, offset, buf, max_chunk);
+    match req.into_work(max_chunk) {
+        Work::Transfer(t, reply) => {
             let (t, step) = transfer(t);
             t.finish(reply, step);
         }
-        Request::Write {
-            file,
-            offset,
-            buf,
-            reply,
-        } => {
-            let t = Transfer::new(Direction::Write, file, offset, buf, max_chunk);
-            let (t, step) = transfer(t);
-            t.finish(reply, step);
-        }
-        Request::Sync { file, reply } => {
+        Work::Sync(file, reply) => {
             let result = loop {
                 match file.file().sync_data() {
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -116,9 +100,11 @@ fn transfer(mut t: Transfer) -> (Transfer, Step) {
     loop {
         let (offset, len) = t.next_chunk();
         let range = t.done..t.done + len;
-        let result = match t.direction {
-            Direction::Read => t.file.file().read_at(&mut t.buf[range], offset),
-            Direction::Write => t.file.file().write_at(&t.buf[range], offset),
+        let file = t.file.file();
+        let result = match &mut t.mem {
+            Memory::ReadInto(buf) => file.read_at(&mut buf[range], offset),
+            Memory::WriteFrom(buf) => file.write_at(&buf[range], offset),
+            Memory::WriteShared(data) => file.write_at(&data[range], offset),
         };
         match t.advance(result) {
             Step::Continue => {}

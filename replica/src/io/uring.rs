@@ -15,7 +15,7 @@
 //! and batching falls out naturally — everything that arrived since the last wait is
 //! submitted with one `io_uring_enter`.
 //!
-//! Why several rings (`IoConfig::uring_rings`, 4 by default) rather than one: every request
+//! Why several rings (`IoConfig::uring_rings`: one per CPU, at most 4) rather than one: every request
 //! crosses the ring thread twice (wake to submit, then reap and reply), so with one ring that
 //! thread is a single point every request waits on. On a loaded machine (measured: 2 cores,
 //! load average ~9) the ring thread used only ~13% of a CPU yet spent its time waiting to be
@@ -23,6 +23,15 @@
 //! request per descheduled thread. Through the store, one ring was 0.55–0.9× the pool; four
 //! rings were 1.0–1.3× (random I/O) in the same runs (benches/README.md, `replica_io`).
 //! Requests in flight together are unordered anyway, so any ring may serve any request.
+//! But not more rings than CPUs: each ring thread is woken for every batch it carries, so
+//! on 2 cores 4 rings cost 2–3× the CPU per 4 KiB request of 2 rings (context switches were
+//! a third of the profile) with no more IOPS.
+//!
+//! Not used (yet): `SINGLE_ISSUER` + `DEFER_TASKRUN` (6.1), which fit this design (the ring
+//! thread is the only task that submits and reaps; the ring is already set up on that thread,
+//! as `SINGLE_ISSUER` needs). They were tried, but their effect was not measured apart from
+//! the other changes, and the kill -9 tests showed a failure that then turned out to happen
+//! without them too; left for a measured change of its own.
 //!
 //! Allocating writes (the store writes into sparse layer files): ext4 cannot do an
 //! `O_DIRECT` write that allocates without blocking, so io_uring's non-blocking attempt
@@ -42,10 +51,11 @@
 //! costs one `write` rather than one per request.
 //!
 //! Memory safety (the part that must be airtight): an SQE carries raw pointers to a buffer and
-//! a raw fd. Each request's [`AlignedBuf`] and `Arc<DataFile>` are moved into a slot of
+//! a raw fd. Each request's buffer ([`AlignedBuf`](super::AlignedBuf), or the `Bytes` of a
+//! shared write) and `Arc<DataFile>` are moved into a slot of
 //! [`Slots`] *before* its SQE is built, and stay there, untouched, until the kernel posts the
 //! CQE for it; only then is the slot emptied. The buffer's heap memory does not move when the
-//! `AlignedBuf` value moves, and no Rust reference to it exists while the kernel may access
+//! `AlignedBuf` (or `Bytes`) value moves, and no Rust mutable reference to it exists while the kernel may access
 //! it. A cancelled caller future only drops its oneshot receiver; the slot is unaffected. If
 //! the thread ever unwinds with operations in flight, [`Slots`] leaks them instead of freeing
 //! memory the kernel may still write. Capacity: at most `sq_entries - 1` operations are in
@@ -69,8 +79,8 @@ use std::time::Duration;
 use io_uring::{IoUring, Probe, opcode, squeue, types};
 use tokio::sync::oneshot;
 
-use super::request::{Direction, Request, Step, Transfer, cqe_result};
-use super::{AlignedBuf, DataFile};
+use super::DataFile;
+use super::request::{Memory, Reply, Request, Step, Transfer, Work, cqe_result};
 
 /// `user_data` of the eventfd read; slot indices are far below it.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -151,36 +161,54 @@ struct RingThread {
 
 impl RingThread {
     fn start(index: usize, entries: u32, max_chunk: usize) -> io::Result<RingThread> {
-        let ring = IoUring::builder().setup_clamp().build(entries.max(2))?;
-        let sq = ring.params().sq_entries() as usize;
-        let cq = ring.params().cq_entries() as usize;
-        let capacity = sq.min(cq) - 1;
         let waker = Arc::new(Waker::new()?);
         let (tx, rx) = mpsc::channel();
-        let reactor = Reactor {
-            ring,
-            rx,
-            waker: waker.clone(),
-            slots: Slots::with_capacity(capacity),
-            backlog: VecDeque::new(),
-            completed: Vec::with_capacity(cq),
-            wake: WakeRead {
-                buf: Box::new(0),
-                armed: false,
-            },
-            closing: false,
-            shutdown_signalled: false,
-            max_chunk,
-        };
+        // The ring is set up on the thread that will own it: flags that bind a ring to its
+        // creating task (SINGLE_ISSUER) need that, and setup errors still reach the caller.
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let thread_waker = waker.clone();
         let thread = std::thread::Builder::new()
             .name(format!("zebu-uring-{index}"))
-            .spawn(move || reactor.run())?;
-        tracing::debug!(index, sq, cq, capacity, "io_uring ring started");
-        Ok(RingThread {
+            .spawn(move || {
+                let ring = match IoUring::builder().setup_clamp().build(entries.max(2)) {
+                    Ok(ring) => ring,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let sq = ring.params().sq_entries() as usize;
+                let cq = ring.params().cq_entries() as usize;
+                let capacity = sq.min(cq) - 1;
+                let reactor = Reactor {
+                    ring,
+                    rx,
+                    waker: thread_waker,
+                    slots: Slots::with_capacity(capacity),
+                    backlog: VecDeque::new(),
+                    completed: Vec::with_capacity(cq),
+                    wake: WakeRead {
+                        buf: Box::new(0),
+                        armed: false,
+                    },
+                    closing: false,
+                    shutdown_signalled: false,
+                    max_chunk,
+                };
+                tracing::debug!(index, sq, cq, capacity, "io_uring ring started");
+                let _ = ready_tx.send(Ok(()));
+                reactor.run();
+            })?;
+        let handle = RingThread {
             tx: Some(tx),
             waker,
             thread: Some(thread),
-        })
+        };
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(handle),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(io::Error::other("the io_uring thread exited during setup")),
+        }
     }
 
     /// Queues `req` and wakes the thread. If the thread is gone, the request (and its reply
@@ -250,7 +278,7 @@ impl Waker {
 enum Job {
     Transfer {
         t: Transfer,
-        reply: oneshot::Sender<io::Result<AlignedBuf>>,
+        reply: Reply,
     },
     Sync {
         file: Arc<DataFile>,
@@ -260,26 +288,9 @@ enum Job {
 
 impl Job {
     fn new(req: Request, max_chunk: usize) -> Job {
-        match req {
-            Request::Read {
-                file,
-                offset,
-                buf,
-                reply,
-            } => Job::Transfer {
-                t: Transfer::new(Direction::Read, file, offset, buf, max_chunk),
-                reply,
-            },
-            Request::Write {
-                file,
-                offset,
-                buf,
-                reply,
-            } => Job::Transfer {
-                t: Transfer::new(Direction::Write, file, offset, buf, max_chunk),
-                reply,
-            },
-            Request::Sync { file, reply } => Job::Sync { file, reply },
+        match req.into_work(max_chunk) {
+            Work::Transfer(t, reply) => Job::Transfer { t, reply },
+            Work::Sync(file, reply) => Job::Sync { file, reply },
         }
     }
 
@@ -290,15 +301,20 @@ impl Job {
             Job::Transfer { t, .. } => {
                 let (offset, len) = t.next_chunk();
                 let fd = types::Fd(t.file.raw_fd());
+                let done = t.done;
                 // `len` is at most `max_chunk`, which `IoConfig` caps below u32::MAX.
                 let len = len as u32;
-                match t.direction {
-                    Direction::Read => {
-                        let ptr = t.buf[t.done..].as_mut_ptr();
+                match &mut t.mem {
+                    Memory::ReadInto(buf) => {
+                        let ptr = buf[done..].as_mut_ptr();
                         opcode::Read::new(fd, ptr, len).offset(offset).build()
                     }
-                    Direction::Write => {
-                        let ptr = t.buf[t.done..].as_ptr();
+                    Memory::WriteFrom(buf) => {
+                        let ptr = buf[done..].as_ptr();
+                        opcode::Write::new(fd, ptr, len).offset(offset).build()
+                    }
+                    Memory::WriteShared(data) => {
+                        let ptr = data[done..].as_ptr();
                         opcode::Write::new(fd, ptr, len).offset(offset).build()
                     }
                 }

@@ -53,6 +53,19 @@ impl<V: Copy + Eq> ExtentMap<V> {
         (at < end).then_some(v)
     }
 
+    /// Whether all of `range` (non-empty) already carries `v`. Touching extents of the same
+    /// value are merged, so that is one extent: one lookup. Lets a write that overwrites data
+    /// already in the head skip the index update (and its exclusive lock) altogether.
+    pub fn holds(&self, range: Range<u64>, v: V) -> bool {
+        if range.is_empty() {
+            return true;
+        }
+        self.map
+            .range(..=range.start)
+            .next_back()
+            .is_some_and(|(_, &(end, value))| end >= range.end && value == v)
+    }
+
     /// Splits the extent containing `at` (if any, and if `at` is inside it) so that an extent
     /// boundary falls on `at`.
     fn split_at(&mut self, at: u64) {
@@ -222,6 +235,12 @@ mod tests {
                 pos = r.end;
             }
             prop_assert_eq!(pos, 250);
+            for (s, l) in [(0u64, 1u64), (10, 5), (20, 40), (100, 3), (199, 20)] {
+                for v in 0..4u8 {
+                    let want = (s..s + l).all(|b| model[b as usize] == Some(v));
+                    prop_assert_eq!(map.holds(s..s + l, v), want, "holds {}+{} {}", s, l, v);
+                }
+            }
             prop_assert_eq!(map.covered(), model.iter().filter(|m| m.is_some()).count() as u64);
         }
     }

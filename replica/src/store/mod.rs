@@ -173,19 +173,6 @@ fn blocks(bytes: &Range<u64>) -> Range<u64> {
     bytes.start / BLOCK_SIZE..bytes.end.div_ceil(BLOCK_SIZE)
 }
 
-/// Lets a read buffer become `Bytes` without a copy.
-struct BufOwner(AlignedBuf);
-
-impl AsRef<[u8]> for BufOwner {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-fn buf_to_bytes(buf: AlignedBuf) -> Bytes {
-    Bytes::from_owner(BufOwner(buf))
-}
-
 fn to_bytes(blocks: Range<u64>) -> Range<u64> {
     blocks.start * BLOCK_SIZE..blocks.end * BLOCK_SIZE
 }
@@ -473,10 +460,10 @@ impl Replica {
                 Some(f) => {
                     let buf = self
                         .io
-                        .read_at(f, range.start, AlignedBuf::zeroed(len))
+                        .read_at(f, range.start, AlignedBuf::for_overwrite(len))
                         .await
                         .map_err(io_err(format!("read {len} bytes at {}", range.start)))?;
-                    Ok(buf_to_bytes(buf))
+                    Ok(buf.into_bytes())
                 }
             };
         }
@@ -486,7 +473,11 @@ impl Replica {
             Some(async move {
                 let buf = self
                     .io
-                    .read_at(&f, r.start, AlignedBuf::zeroed((r.end - r.start) as usize))
+                    .read_at(
+                        &f,
+                        r.start,
+                        AlignedBuf::for_overwrite((r.end - r.start) as usize),
+                    )
                     .await
                     .map_err(io_err(format!(
                         "read {} bytes at {}",
@@ -501,7 +492,7 @@ impl Replica {
             let at = (r.start - range.start) as usize;
             out[at..at + buf.len()].copy_from_slice(&buf);
         }
-        Ok(buf_to_bytes(out))
+        Ok(out.into_bytes())
     }
 
     /// Writes `data` at `offset` into the head. Any alignment; unaligned is read-modify-write.
@@ -511,9 +502,8 @@ impl Replica {
         if offset.is_multiple_of(BLOCK_SIZE) && len.is_multiple_of(BLOCK_SIZE) {
             let _g = self.gate.read().await;
             self.check_open()?;
-            return self
-                .write_aligned(offset, AlignedBuf::copy_from(&data))
-                .await;
+            // No copy when `data` is already aligned in memory (`write_bytes_at`).
+            return self.write_aligned(offset, data).await;
         }
         // Read-modify-write of the edge blocks: exclusive, so no other write to those blocks
         // can interleave between the read and the write.
@@ -525,20 +515,26 @@ impl Replica {
         let mut buf = AlignedBuf::copy_from(&old);
         let at = (offset - start) as usize;
         buf[at..at + data.len()].copy_from_slice(&data);
-        self.write_aligned(start, buf).await
+        self.write_aligned(start, buf.into_bytes()).await
     }
 
-    /// Writes a block-aligned buffer to the head. The caller holds the gate.
-    async fn write_aligned(&self, offset: u64, buf: AlignedBuf) -> Result<()> {
-        let range = offset..offset + buf.len() as u64;
+    /// Writes block-aligned data (offset and length; its memory need not be) to the head.
+    /// The caller holds the gate.
+    async fn write_aligned(&self, offset: u64, data: Bytes) -> Result<()> {
+        let range = offset..offset + data.len() as u64;
         let _ticket = self.regions.begin_write(range.clone()).await?;
         let head = self.chain().head_file();
-        let len = buf.len();
+        let len = data.len();
         self.io
-            .write_at(&head, offset, buf)
+            .write_bytes_at(&head, offset, data)
             .await
             .map_err(io_err(format!("write {len} bytes at {offset}")))?;
-        self.chain_mut().head_extents.insert(blocks(&range), ());
+        // An overwrite of blocks the head already holds changes nothing in the index; the
+        // check under the shared lock spares the exclusive one (and the map's churn) then.
+        let blocks = blocks(&range);
+        if !self.chain().head_extents.holds(blocks.clone(), ()) {
+            self.chain_mut().head_extents.insert(blocks, ());
+        }
         Ok(())
     }
 

@@ -226,7 +226,7 @@ impl Replica {
         let len = (r.end - r.start) as usize;
         let buf = self
             .io
-            .read_at(from, r.start, AlignedBuf::zeroed(len))
+            .read_at(from, r.start, AlignedBuf::for_overwrite(len))
             .await
             .map_err(io_err(format!(
                 "read {len} bytes at {} for a merge",
@@ -415,10 +415,10 @@ impl Replica {
         let file = self.chain().files[&id].clone();
         let buf = self
             .io
-            .read_at(&file, offset, AlignedBuf::zeroed(len as usize))
+            .read_at(&file, offset, AlignedBuf::for_overwrite(len as usize))
             .await
             .map_err(io_err(format!("read {len} bytes of {id} at {offset}")))?;
-        Ok(super::buf_to_bytes(buf))
+        Ok(buf.into_bytes())
     }
 
     /// Ensures the snapshot layer described by `spec` exists (see `WriteLayerRequest` in the
@@ -510,18 +510,16 @@ impl Replica {
             });
         }
         let file = self.chain().files[&id].clone();
+        let len = data.len();
         self.io
-            .write_at(&file, offset, AlignedBuf::copy_from(&data))
+            .write_bytes_at(&file, offset, data)
             .await
-            .map_err(io_err(format!(
-                "write {} bytes of {id} at {offset}",
-                data.len()
-            )))?;
+            .map_err(io_err(format!("write {len} bytes of {id} at {offset}")))?;
         let mut c = self.chain_mut();
         if let Some(&rank) = c.rank.get(&id) {
             let ranks = c.rank.clone();
             c.below
-                .fill_under(blocks(&(offset..offset + data.len() as u64)), id, |old| {
+                .fill_under(blocks(&(offset..offset + len as u64)), id, |old| {
                     ranks[&old] < rank
                 });
         }
