@@ -348,3 +348,164 @@ impl DataPath for FramedDataPath {
             .break_with("the data path was closed".into(), false);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! [`FramedDataPath`] against a scripted fake replica on loopback: matching by id, a
+    //! refused hello, and every pending request failing at once when the connection breaks.
+
+    use std::time::Instant;
+
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    const T: Duration = Duration::from_secs(5);
+
+    /// A fake replica: accepts one connection, checks the hello, answers it with `hello`,
+    /// then collects `take` requests and hands the socket and them to `then`.
+    async fn fake<F, Fut>(hello: Response, take: usize, then: F) -> String
+    where
+        F: FnOnce(TcpStream, Vec<Request>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut h = [0u8; frames::HELLO_LEN];
+            s.read_exact(&mut h).await.unwrap();
+            let hello_in = Hello::decode(&h).unwrap();
+            assert_eq!(hello_in.version, frames::VERSION);
+            assert_eq!(hello_in.generation, 7);
+            let mut b = Batch::default();
+            b.push_response(&hello);
+            let bytes: Vec<u8> = b
+                .io_slices()
+                .iter()
+                .flat_map(|x| x.iter().copied())
+                .collect();
+            s.write_all(&bytes).await.unwrap();
+            let mut buf = BytesMut::new();
+            let mut reqs = Vec::new();
+            while reqs.len() < take {
+                match frames::decode_request(&mut buf).unwrap() {
+                    Decoded::Frame(r) => reqs.push(r),
+                    Decoded::Need(_) => {
+                        assert!(s.read_buf(&mut buf).await.unwrap() > 0, "client hung up");
+                    }
+                }
+            }
+            then(s, reqs).await;
+        });
+        addr
+    }
+
+    async fn answer(s: &mut TcpStream, resps: &[Response]) {
+        let mut b = Batch::default();
+        for r in resps {
+            b.push_response(r);
+        }
+        let bytes: Vec<u8> = b
+            .io_slices()
+            .iter()
+            .flat_map(|x| x.iter().copied())
+            .collect();
+        s.write_all(&bytes).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn answers_in_reverse_order_reach_their_requests() {
+        let addr = fake(Response::ok(0), 3, |mut s, reqs| async move {
+            let mut resps: Vec<Response> = reqs
+                .iter()
+                .map(|r| match &r.op {
+                    RequestOp::Read { length, .. } => Response {
+                        data: Bytes::from(vec![r.id as u8; *length as usize]),
+                        ..Response::ok(r.id)
+                    },
+                    RequestOp::Flush { flush_number } => Response {
+                        flush_number: *flush_number,
+                        ..Response::ok(r.id)
+                    },
+                    _ => Response::failed(r.id, pb::Status::NoSpace, "full"),
+                })
+                .collect();
+            resps.reverse();
+            answer(&mut s, &resps).await;
+            // Hold the connection until the client is done.
+            let _ = s.read(&mut [0u8; 1]).await;
+        })
+        .await;
+        let p = FramedDataPath::open(&addr, 7, T).await.unwrap();
+        let (a, b, c) = tokio::join!(
+            p.read(11, 0, 4096),
+            p.flush(12, 99),
+            p.write(13, 0, Bytes::from(vec![1u8; 4096]))
+        );
+        assert_eq!(a.unwrap(), Bytes::from(vec![11u8; 4096]));
+        assert_eq!(b.unwrap(), 99);
+        assert!(matches!(c, Err(PathError::NoSpace(m)) if m == "full"));
+    }
+
+    #[tokio::test]
+    async fn a_refused_hello_carries_the_reason() {
+        let refusal = Response {
+            end: true,
+            ..Response::failed(0, pb::Status::Unavailable, "generation 7 is lower than 9")
+        };
+        let addr = fake(refusal, 0, |_, _| async {}).await;
+        match FramedDataPath::open(&addr, 7, T).await {
+            Err(PathError::Refused(m)) => assert!(m.contains("lower than 9"), "{m}"),
+            Err(e) => panic!("wrong error {e}"),
+            Ok(_) => panic!("a refused hello opened the path"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_broken_connection_fails_every_pending_request_at_once() {
+        // The fake reads all three requests, answers none, and closes the connection.
+        let addr = fake(Response::ok(0), 3, |s, _| async move { drop(s) }).await;
+        let p = FramedDataPath::open(&addr, 7, T).await.unwrap();
+        let started = Instant::now();
+        let (a, b, c) = tokio::join!(
+            p.read(1, 0, 4096),
+            p.write(2, 0, Bytes::from(vec![1u8; 64 << 10])),
+            p.unmap(3, 0, 4096, true)
+        );
+        for r in [a.map(|_| ()), b, c] {
+            assert!(matches!(r, Err(PathError::Disconnected(_))), "{r:?}");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "failed only after {:?}",
+            started.elapsed()
+        );
+        // And every later call fails at once too.
+        assert!(matches!(
+            p.flush(4, 0).await,
+            Err(PathError::Disconnected(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_end_notice_fails_pending_requests_with_its_reason() {
+        let addr = fake(Response::ok(0), 1, |mut s, _| async move {
+            let end = Response {
+                end: true,
+                ..Response::failed(
+                    0,
+                    pb::Status::Unavailable,
+                    "fenced: generation 7 was superseded",
+                )
+            };
+            answer(&mut s, &[end]).await;
+        })
+        .await;
+        let p = FramedDataPath::open(&addr, 7, T).await.unwrap();
+        match p.read(1, 0, 4096).await {
+            Err(PathError::Disconnected(m)) => assert!(m.contains("superseded"), "{m}"),
+            other => panic!("expected Disconnected, got {other:?}"),
+        }
+    }
+}

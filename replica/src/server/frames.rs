@@ -141,22 +141,30 @@ async fn serve_requests(
     let mut waiting: Option<(Request, u32)> = None;
     let mut end: Option<Response> = None;
     let mut eof = false;
+    // The writer failed: nobody will get answers any more.
+    let mut gone = false;
     loop {
         if end.is_none()
             && let Some(why) = data::fenced(*fence.borrow_and_update(), generation, closes)
         {
             end = Some(end_notice(frame_status(&why), why.message()));
         }
-        let reading = end.is_none() && !eof;
+        if gone {
+            // Not started, so dropping it is safe.
+            waiting = None;
+        }
+        let reading = end.is_none() && !eof && !gone;
         if !reading && waiting.is_none() && running.is_empty() {
-            return end;
+            return if gone { None } else { end };
         }
         tokio::select! {
             biased;
             Some(answer) = running.next() => {
-                if out.send(answer).await.is_err() {
-                    // The writer failed: the connection is gone, nobody can get answers.
-                    return None;
+                if !gone && out.send(answer).await.is_err() {
+                    // The connection is gone. The requests already running still finish
+                    // (a store operation is never dropped halfway); their answers are dropped.
+                    debug!("frames connection lost; finishing the requests in flight");
+                    gone = true;
                 }
             }
             changed = fence.changed(), if end.is_none() => {
