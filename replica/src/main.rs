@@ -38,7 +38,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the replica in DIR over gRPC (creating it when DIR is missing or empty).
+    /// Serve the replica in DIR over gRPC and data frames, on one port (creating it when DIR
+    /// is missing or empty).
     Serve {
         #[arg(long)]
         dir: PathBuf,
