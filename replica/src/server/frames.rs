@@ -278,7 +278,9 @@ struct FrameReader {
 impl FrameReader {
     async fn hello(&mut self) -> Result<Hello, ReadError> {
         while self.buf.len() < HELLO_LEN {
-            self.fill(HELLO_LEN).await?;
+            if !self.fill(HELLO_LEN).await? {
+                return Err(ReadError::Truncated(self.buf.len()));
+            }
         }
         let head = self.buf.split_to(HELLO_LEN);
         let head: &[u8; HELLO_LEN] = head[..]
