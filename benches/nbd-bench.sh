@@ -49,7 +49,8 @@
 # Usage: benches/nbd-bench.sh [OUT_JSON]      (default ./nbd-bench.json)
 # Environment: TARGETS, SIZE (default 1G), RUNTIME (default 5), WORKDIR, ENGINE_BIN (the
 # nbd_file example), ZEBU_BIN_DIR (zebu-engine and zebu-replica; default target/release,
-# built when not given).
+# built when not given), ZEBU_ENGINE_ARGS (extra arguments appended to the `zebu-engine
+# serve` line, split on spaces, e.g. "--data-transport grpc").
 set -euo pipefail
 
 out_json=${1:-nbd-bench.json}
@@ -121,8 +122,11 @@ start_zebu() {
         addr=$(wait_line "$dir.out" "listening on " "$pid")
         args+=(--replica "$addr")
     done
+    # ZEBU_ENGINE_ARGS is unquoted on purpose: it holds several words.
+    # shellcheck disable=SC2086
     "$zebu_bin/zebu-engine" serve --volume bench --size "$size_bytes" "${args[@]}" \
         --control 127.0.0.1:0 --frontend nbd --nbd-listen "127.0.0.1:$port" \
+        ${ZEBU_ENGINE_ARGS:-} \
         >"$work/zebu-${n}r-engine.out" 2>"$work/zebu-${n}r-engine.log" &
     pid=$!
     server_pids=("$pid" "${server_pids[@]}")

@@ -18,7 +18,7 @@ use zebu_engine::cli_args::{parse_duration, parse_size};
 use zebu_engine::control::ControlService;
 use zebu_engine::iscsi::{IscsiConfig, IscsiServer, chap::Chap, target_iqn};
 use zebu_engine::nbd::{NbdConfig, NbdServer};
-use zebu_engine::replicator::{StartOptions, Volume, VolumeConfig};
+use zebu_engine::replicator::{DataTransport, StartOptions, Volume, VolumeConfig};
 use zebu_proto::engine as pb;
 use zebu_proto::engine::engine_client::EngineClient;
 
@@ -98,6 +98,10 @@ struct ServeArgs {
     /// Host addresses whose replicas count as local (read first).
     #[arg(long = "local-host")]
     local_hosts: Vec<String>,
+    /// Transport of the data path to the replicas: frames (binary frames on plain TCP) or
+    /// grpc (the gRPC Data stream). Control calls always use gRPC.
+    #[arg(long, default_value = "frames")]
+    data_transport: DataTransport,
 }
 
 #[derive(Subcommand)]
@@ -176,6 +180,7 @@ async fn serve(args: ServeArgs, control: Option<String>) -> anyhow::Result<()> {
         size: args.size,
         io_timeout: args.io_timeout,
         local_hosts: args.local_hosts.clone(),
+        data_transport: args.data_transport,
     };
     let (volume, stale) = Volume::start(StartOptions {
         config,

@@ -5,12 +5,16 @@
 //!   [`replica::PROTOCOL_VERSION`].
 //! - [`engine`]: manager or CLI ⇄ engine (volume info, replicas, snapshots, rebuilds),
 //!   version [`engine::PROTOCOL_VERSION`].
+//! - [`frames`]: the replica data stream as fixed binary frames on plain TCP (no HTTP/2),
+//!   version [`frames::VERSION`]; same semantics as the gRPC `Data` stream.
 //!
 //! ```
 //! use zebu_proto::replica::{DataRequest, data_request::Op, ReadOp};
 //! let req = DataRequest { id: 7, op: Some(Op::Read(ReadOp { offset: 0, length: 4096 })) };
 //! assert_eq!(req.id, 7);
 //! ```
+
+pub mod frames;
 
 /// The replica protocol (package `zebu.replica.v1`).
 pub mod replica {

@@ -1,4 +1,5 @@
-//! `zebu-replica`: serve one replica directory over gRPC, or print its info.
+//! `zebu-replica`: serve one replica directory (gRPC and data frames on one port), or print
+//! its info.
 //!
 //! ```text
 //! zebu-replica serve --dir /var/lib/zebu/r1 --listen 127.0.0.1:9500 --size 10G
@@ -37,7 +38,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the replica in DIR over gRPC (creating it when DIR is missing or empty).
+    /// Serve the replica in DIR over gRPC and data frames, on one port (creating it when DIR
+    /// is missing or empty).
     Serve {
         #[arg(long)]
         dir: PathBuf,
@@ -198,16 +200,10 @@ async fn serve(dir: &Path, listen: SocketAddr, size: u64, io: BackendKind) -> an
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let serving = tonic::transport::Server::builder()
-        .add_service(server.clone().into_service())
-        .serve_with_incoming_shutdown(
-            // Without TCP_NODELAY, small answers (a write's OK) wait for the engine's delayed
-            // ACK: up to 40 ms per request.
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            stopped(stop_rx.clone()),
-        );
+    // gRPC and data frames on the one port.
+    let serving = server.serve(listener, stopped(stop_rx.clone()));
     let served = tokio::select! {
-        r = serving => r.context("gRPC server failed"),
+        r = serving => r.context("server failed"),
         _ = async {
             stopped(stop_rx).await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;

@@ -72,6 +72,8 @@ pub struct EngineConfig {
     /// Also serve the iSCSI frontend on this address (`127.0.0.1:0` picks a port); the
     /// URL the engine prints lands in [`EngineProcess::iscsi`].
     pub iscsi_listen: Option<SocketAddr>,
+    /// More arguments for `zebu-engine serve` (e.g. `--data-transport grpc`).
+    pub extra_args: Vec<String>,
 }
 
 impl EngineConfig {
@@ -83,6 +85,7 @@ impl EngineConfig {
             io_timeout: Duration::from_secs(2),
             salvage: false,
             iscsi_listen: None,
+            extra_args: Vec::new(),
         }
     }
 }
@@ -126,6 +129,7 @@ impl EngineProcess {
             cmd.args(["--frontend", "iscsi"])
                 .args(["--iscsi-listen", &addr.to_string()]);
         }
+        cmd.args(&cfg.extra_args);
         let mut child = cmd
             .env(
                 "RUST_LOG",

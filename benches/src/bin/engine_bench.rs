@@ -291,6 +291,7 @@ async fn start_volume(
             size,
             io_timeout: Duration::from_secs(30),
             local_hosts: Vec::new(),
+            data_transport: Default::default(),
         },
         replicas: replicas.iter().map(|r| r.addr.to_string()).collect(),
         salvage: false,

@@ -4,8 +4,10 @@
 //! flush with request ids, many in flight. [`GrpcDataPath`] implements it over the gRPC data
 //! stream of `replica.proto`: one bidirectional stream per replica, requests written to a
 //! bounded queue (so a slow replica slows the volume a little instead of growing a backlog),
-//! responses matched to their requests by id as they come, in any order. Another transport
-//! (framed TCP, several streams) can replace it behind the same trait.
+//! responses matched to their requests by id as they come, in any order.
+//! [`super::FramedDataPath`] implements it over data frames on plain TCP (the default; much
+//! less CPU per request than HTTP/2); [`DataTransport`] picks one, [`open_data_path`] opens
+//! it.
 //!
 //! Control RPCs (info, snapshots, epochs, layer sync) use the generated tonic client
 //! directly: they are rare and not on the data path.
@@ -27,6 +29,57 @@ use crate::blockdev::BoxFuture;
 
 /// Requests queued to one replica before senders wait.
 const QUEUE_DEPTH: usize = 256;
+
+/// Which transport carries the data path to the replicas (control RPCs are always gRPC).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DataTransport {
+    /// Data frames on plain TCP, on the replica's port ([`super::FramedDataPath`]).
+    #[default]
+    Frames,
+    /// The gRPC `Data` stream ([`GrpcDataPath`]).
+    Grpc,
+}
+
+impl std::fmt::Display for DataTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DataTransport::Frames => "frames",
+            DataTransport::Grpc => "grpc",
+        })
+    }
+}
+
+impl std::str::FromStr for DataTransport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<DataTransport, String> {
+        match s {
+            "frames" => Ok(DataTransport::Frames),
+            "grpc" => Ok(DataTransport::Grpc),
+            other => Err(format!(
+                "unknown data transport '{other}' (use frames or grpc)"
+            )),
+        }
+    }
+}
+
+/// Opens the data path to the replica at `addr` over `transport` and presents
+/// `generation`; `channel` is the replica's gRPC channel (used by the gRPC transport).
+pub async fn open_data_path(
+    transport: DataTransport,
+    addr: &str,
+    channel: Channel,
+    generation: u64,
+    timeout: Duration,
+) -> Result<std::sync::Arc<dyn DataPath>, PathError> {
+    Ok(match transport {
+        DataTransport::Frames => {
+            std::sync::Arc::new(super::FramedDataPath::open(addr, generation, timeout).await?)
+        }
+        DataTransport::Grpc => {
+            std::sync::Arc::new(GrpcDataPath::open(channel, generation, timeout).await?)
+        }
+    })
+}
 
 /// Why a request to a replica failed. Every kind makes the replica ERR.
 #[derive(Debug, Clone, thiserror::Error)]

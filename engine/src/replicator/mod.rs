@@ -27,12 +27,17 @@
 //! - Request ids come from one counter per volume.
 
 mod client;
+mod frames;
 mod rangelock;
 mod rebuild;
 mod snapshot;
 mod start;
 
-pub use client::{DataPath, GrpcDataPath, PathError, connect_channel, control_client};
+pub use client::{
+    DataPath, DataTransport, GrpcDataPath, PathError, connect_channel, control_client,
+    open_data_path,
+};
+pub use frames::FramedDataPath;
 pub use rangelock::RangeLock;
 pub use rebuild::RebuildStatus;
 pub use start::{StartError, StartOptions};
@@ -142,6 +147,8 @@ pub struct VolumeConfig {
     pub io_timeout: Duration,
     /// Addresses (host part) considered local for read preference.
     pub local_hosts: Vec<String>,
+    /// How the data path reaches the replicas.
+    pub data_transport: DataTransport,
 }
 
 /// A replicated volume. Implements [`BlockDevice`] for the frontends.

@@ -30,7 +30,9 @@ use serde::Serialize;
 use zebu_proto::replica as pb;
 
 use super::start::{chain_names, is_local};
-use super::{GrpcDataPath, Mode, Replica, Volume, connect_channel, control_client, written_ranges};
+use super::{
+    Mode, Replica, Volume, connect_channel, control_client, open_data_path, written_ranges,
+};
 use crate::blockdev::BlockDevice;
 
 /// Control operations that move data (merges, layer copies) get this long.
@@ -160,9 +162,15 @@ impl Volume {
             ));
         }
         // Join as WO with no write in flight, so every write after this reaches it.
-        let data = GrpcDataPath::open(channel.clone(), self.generation(), timeout)
-            .await
-            .map_err(|e| format!("{addr}: {e}"))?;
+        let data = open_data_path(
+            self.config.data_transport,
+            addr,
+            channel.clone(),
+            self.generation(),
+            timeout,
+        )
+        .await
+        .map_err(|e| format!("{addr}: {e}"))?;
         let target = Arc::new(Replica {
             addr: addr.to_string(),
             id: info.replica_id.clone(),
@@ -175,7 +183,7 @@ impl Volume {
                 }
                 .into(),
             )),
-            data: Arc::new(data),
+            data,
             control: control_client(channel),
             inflight: AtomicUsize::new(0),
             local: is_local(addr, &self.config.local_hosts),

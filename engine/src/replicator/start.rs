@@ -26,8 +26,8 @@ use zebu_proto::replica as pb;
 use zebu_proto::replica::replica_client::ReplicaClient;
 
 use super::{
-    GrpcDataPath, Membership, Mode, RangeLock, RebuildStatus, Replica, Volume, VolumeConfig,
-    connect_channel, control_client, written_ranges,
+    Membership, Mode, RangeLock, RebuildStatus, Replica, Volume, VolumeConfig, connect_channel,
+    control_client, open_data_path, written_ranges,
 };
 
 /// How an engine starts.
@@ -185,18 +185,24 @@ impl Volume {
         let generation = current.iter().map(|p| p.info.generation).max().unwrap_or(0) + 1;
         let mut replicas = Vec::new();
         for p in &current {
-            let data = GrpcDataPath::open(p.channel.clone(), generation, timeout)
-                .await
-                .map_err(|e| StartError::Replica {
-                    volume: volume.clone(),
-                    addr: p.addr.clone(),
-                    why: e.to_string(),
-                })?;
+            let data = open_data_path(
+                opts.config.data_transport,
+                &p.addr,
+                p.channel.clone(),
+                generation,
+                timeout,
+            )
+            .await
+            .map_err(|e| StartError::Replica {
+                volume: volume.clone(),
+                addr: p.addr.clone(),
+                why: e.to_string(),
+            })?;
             replicas.push(Arc::new(Replica {
                 addr: p.addr.clone(),
                 id: p.info.replica_id.clone(),
                 mode: Mutex::new((Mode::RW, "current at start".into())),
-                data: Arc::new(data),
+                data,
                 control: control_client(p.channel.clone()),
                 inflight: AtomicUsize::new(0),
                 local: is_local(&p.addr, &opts.config.local_hosts),

@@ -116,14 +116,30 @@ async fn hello(
             "the first message of a data stream must be a hello",
         ));
     };
-    if hello.protocol_version != pb::PROTOCOL_VERSION {
+    accept(
+        shared,
+        hello.protocol_version,
+        pb::PROTOCOL_VERSION,
+        hello.generation,
+    )
+    .await
+}
+
+/// Accepts a data stream's hello, whatever its transport: checks the protocol version
+/// against `speaks`, refuses a generation lower than the accepted one, persists and
+/// announces a higher one (which fences older streams of every transport). Returns the
+/// generation with the close count it saw, for [`fenced`].
+pub(super) async fn accept(
+    shared: &Shared,
+    version: u32,
+    speaks: u32,
+    g: u64,
+) -> Result<(u64, u64), Status> {
+    if version != speaks {
         return Err(Status::failed_precondition(format!(
-            "protocol version {} is not supported; this replica speaks version {}",
-            hello.protocol_version,
-            pb::PROTOCOL_VERSION
+            "protocol version {version} is not supported; this replica speaks version {speaks}"
         )));
     }
-    let g = hello.generation;
     {
         // Another stream of the accepted generation (engines may open several): nothing to
         // persist or fence, so don't hold back the I/O in flight with the write guard.
@@ -164,7 +180,7 @@ fn stale(offered: u64, accepted: u64) -> Status {
 }
 
 /// Why a stream with `generation` that started after `closes` closes may not go on.
-fn fenced(now: Fence, generation: u64, closes: u64) -> Option<Status> {
+pub(super) fn fenced(now: Fence, generation: u64, closes: u64) -> Option<Status> {
     if now.closes != closes {
         Some(Status::unavailable("the replica was closed"))
     } else if now.generation > generation {
@@ -191,18 +207,26 @@ fn transport_error(status: Status) -> Status {
 
 /// The byte budget is counted in 4 KiB units.
 const BUDGET_UNIT: u64 = 4096;
-const BUDGET_UNITS: u64 = MAX_BYTES_IN_FLIGHT / BUDGET_UNIT;
+pub(super) const BUDGET_UNITS: u64 = MAX_BYTES_IN_FLIGHT / BUDGET_UNIT;
 
 /// The share of the byte budget a request holds until it is answered: its payload (read
 /// data is allocated when it runs), capped so that one oversized request cannot wait
 /// forever (it is refused without allocating anyway).
 fn budget_units(req: &pb::DataRequest) -> u32 {
-    let bytes = match &req.op {
-        Some(Op::Read(r)) if r.length <= MAX_IO_BYTES => r.length,
-        Some(Op::Write(w)) => w.data.len() as u64,
-        _ => 0,
-    };
-    bytes.div_ceil(BUDGET_UNIT).clamp(1, BUDGET_UNITS) as u32
+    match &req.op {
+        Some(Op::Read(r)) => units_for(r.length, 0),
+        Some(Op::Write(w)) => units_for(0, w.data.len() as u64),
+        _ => units_for(0, 0),
+    }
+}
+
+/// [`budget_units`] of a read of `read` bytes or a write of `written` bytes (whatever the
+/// transport).
+pub(super) fn units_for(read: u64, written: u64) -> u32 {
+    let read = if read <= MAX_IO_BYTES { read } else { 0 };
+    (read + written)
+        .div_ceil(BUDGET_UNIT)
+        .clamp(1, BUDGET_UNITS) as u32
 }
 
 fn ok(id: u64) -> pb::DataResponse {
@@ -246,7 +270,9 @@ async fn execute(
     let _ = tx.send(Ok(resp)).await;
 }
 
-async fn run_op(
+/// Executes one request under a read guard, re-checking the fence first, and answers it.
+/// Shared by both transports, so they fence and refuse identically.
+pub(super) async fn run_op(
     shared: &Shared,
     generation: u64,
     closes: u64,

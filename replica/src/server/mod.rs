@@ -1,4 +1,6 @@
-//! The replica's gRPC server: serves one replica directory (`zebu.replica.v1.Replica`).
+//! The replica's server: serves one replica directory (`zebu.replica.v1.Replica`) over gRPC,
+//! and its data stream also as data frames (`zebu_proto::frames`) on the same port
+//! ([`ReplicaServer::serve`] tells them apart by the first byte; see `listen.rs`).
 //!
 //! # State and locking
 //!
@@ -15,7 +17,9 @@
 //!
 //! Open data streams learn about fencing and closes through a `watch` channel carrying
 //! `(generation, closes)`; a stream whose generation was superseded, or that started
-//! before a close, ends with an error status.
+//! before a close, ends with an error status (gRPC) or an END frame (frames). Both transports
+//! share the hello, fencing and execution code (`data.rs`), so a generation accepted on one
+//! fences streams of the other.
 //!
 //! # Limits
 //!
@@ -29,7 +33,9 @@
 
 mod convert;
 mod data;
+mod frames;
 mod layer;
+mod listen;
 
 pub use convert::{DataStatus, code_of, data_status_of, info_to_pb, to_status};
 

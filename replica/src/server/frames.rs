@@ -1,0 +1,363 @@
+//! The data stream over data frames (`zebu_proto::frames`): one TCP connection per stream,
+//! on the replica's gRPC port (the accept loop in `listen.rs` sends a connection here when
+//! its first byte is the frames magic).
+//!
+//! ```text
+//!   socket ─► FrameReader ─► connection task ──────────────────────► writer task ─► socket
+//!              (BytesMut,     hello → data::accept (shared with gRPC)  (batches every ready
+//!               cancel-safe)  requests → FuturesUnordered of            answer into one
+//!                             data::run_op, ≤ MAX_IN_FLIGHT and         vectored write)
+//!                             MAX_BYTES_IN_FLIGHT, permits held until
+//!                             the answer is written
+//! ```
+//!
+//! Requests run concurrently inside the connection task (a `FuturesUnordered`, not a task
+//! each: the store's futures mostly wait for the I/O engine, so polling them in one task saves
+//! a spawn and a wake-up per request) and are answered in completion order. Hello, fencing
+//! and execution are the gRPC stream's own functions (`data::accept`, `data::fenced`,
+//! `data::run_op`), so both transports refuse, fence and answer identically: a higher
+//! generation accepted on either ends streams of both kinds, and a close ends them all.
+//!
+//! When the stream is fenced or the replica closes, the task stops reading, lets the requests
+//! already running answer, sends an END response with the reason and closes the connection.
+//! Malformed input (bad magic, unknown op, reserved bits, a length over the frame limit, EOF
+//! in the middle of a frame) cannot be skipped: the connection ends the same way, with a log
+//! line and an END saying what was wrong; other connections are not affected. A read or write
+//! over `MAX_IO_BYTES` that frames correctly is answered INVALID by `run_op`, as on gRPC.
+
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tonic::{Code, Status};
+use tracing::{Instrument, debug, info, info_span};
+use zebu_proto::frames::{
+    self, Batch, Decoded, FrameError, HELLO_LEN, Hello, Request, RequestOp, Response,
+};
+use zebu_proto::replica as pb;
+use zebu_proto::replica::data_request::Op;
+
+use super::data::{self, BUDGET_UNITS};
+use super::{MAX_IN_FLIGHT, Shared};
+
+/// How long a new connection may take to send its hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Least room made in the read buffer before each read, so small frames arrive many at once.
+const READ_CHUNK: usize = 64 << 10;
+/// Most answers gathered into one vectored write (keeps the iovec count well under IOV_MAX).
+const MAX_BATCH: usize = 128;
+
+/// An answer and the budget its request holds until the answer is on the socket.
+type Answer = (Response, Option<Permits>);
+type Permits = (OwnedSemaphorePermit, OwnedSemaphorePermit);
+
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("malformed frame: {0}")]
+    Frame(#[from] FrameError),
+    #[error("connection ended in the middle of a frame ({0} bytes buffered)")]
+    Truncated(usize),
+    #[error("read failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves one frames connection until it ends; never panics on its input.
+pub(super) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    let span =
+        info_span!(parent: &shared.span, "frames", %peer, generation = tracing::field::Empty);
+    run(shared, stream).instrument(span).await;
+}
+
+async fn run(shared: Arc<Shared>, stream: TcpStream) {
+    let (rd, mut wr) = stream.into_split();
+    let mut reader = FrameReader {
+        rd,
+        buf: BytesMut::with_capacity(READ_CHUNK),
+    };
+    let hello = match tokio::time::timeout(HELLO_TIMEOUT, reader.hello()).await {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => return info!("frames connection dropped before its hello: {e}"),
+        Err(_) => return info!("frames connection dropped: no hello within {HELLO_TIMEOUT:?}"),
+    };
+    let accepted = data::accept(&shared, hello.version, frames::VERSION, hello.generation).await;
+    let (generation, closes) = match accepted {
+        Ok(a) => a,
+        Err(status) => {
+            info!(code = ?status.code(), "frames stream refused: {}", status.message());
+            let refusal = Response {
+                end: true,
+                ..Response::failed(0, frame_status(&status), status.message())
+            };
+            let _ = write_one(&mut wr, &refusal).await;
+            return;
+        }
+    };
+    tracing::Span::current().record("generation", generation);
+    if let Err(e) = write_one(&mut wr, &Response::ok(0)).await {
+        return info!("frames connection lost at the hello answer: {e}");
+    }
+    info!("frames stream accepted");
+
+    // Room for every answer in flight plus the END notice: sends never wait long.
+    let (out, rx) = mpsc::channel::<Answer>(MAX_IN_FLIGHT + 2);
+    let writer = tokio::spawn(write_answers(wr, rx).in_current_span());
+    let end = serve_requests(&shared, generation, closes, &mut reader, &out).await;
+    if let Some(why) = &end {
+        info!("frames stream ended: {}", why.message);
+        let _ = out.send((why.clone(), None)).await;
+    } else {
+        info!("frames stream closed by the client");
+    }
+    drop(out);
+    match writer.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => debug!("frames connection: writing answers failed: {e}"),
+        Err(e) => debug!("frames writer task failed: {e}"),
+    }
+}
+
+/// The request loop; returns the END notice to send, if the stream ends for a reason other
+/// than the client closing it.
+async fn serve_requests(
+    shared: &Arc<Shared>,
+    generation: u64,
+    closes: u64,
+    reader: &mut FrameReader,
+    out: &mpsc::Sender<Answer>,
+) -> Option<Response> {
+    let mut fence = shared.fence.subscribe();
+    let count = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let bytes = Arc::new(Semaphore::new(BUDGET_UNITS as usize));
+    let mut running = FuturesUnordered::new();
+    // A request read but not started: the budget is spent until answers are written.
+    let mut waiting: Option<(Request, u32)> = None;
+    let mut end: Option<Response> = None;
+    let mut eof = false;
+    // The writer failed: nobody will get answers any more.
+    let mut gone = false;
+    loop {
+        if end.is_none()
+            && let Some(why) = data::fenced(*fence.borrow_and_update(), generation, closes)
+        {
+            end = Some(end_notice(frame_status(&why), why.message()));
+        }
+        if gone {
+            // Not started, so dropping it is safe.
+            waiting = None;
+        }
+        let reading = end.is_none() && !eof && !gone;
+        if !reading && waiting.is_none() && running.is_empty() {
+            return if gone { None } else { end };
+        }
+        tokio::select! {
+            biased;
+            Some(answer) = running.next() => {
+                if !gone && out.send(answer).await.is_err() {
+                    // The connection is gone. The requests already running still finish
+                    // (a store operation is never dropped halfway); their answers are dropped.
+                    debug!("frames connection lost; finishing the requests in flight");
+                    gone = true;
+                }
+            }
+            changed = fence.changed(), if end.is_none() => {
+                if changed.is_err() {
+                    end = Some(end_notice(pb::Status::Unavailable, "the replica server is stopping"));
+                }
+            }
+            permits = acquire(&count, &bytes, waiting.as_ref().map_or(1, |w| w.1)), if waiting.is_some() => {
+                let (req, _) = waiting.take().expect("invariant: the branch runs only when waiting");
+                running.push(execute(shared.clone(), generation, closes, req, permits));
+            }
+            next = reader.next(), if reading && waiting.is_none() => match next {
+                Ok(Some(req)) => {
+                    let units = match &req.op {
+                        RequestOp::Read { length, .. } => data::units_for(*length, 0),
+                        RequestOp::Write { data, .. } => data::units_for(0, data.len() as u64),
+                        _ => data::units_for(0, 0),
+                    };
+                    match try_acquire(&count, &bytes, units) {
+                        Some(p) => running.push(execute(shared.clone(), generation, closes, req, p)),
+                        None => waiting = Some((req, units)),
+                    }
+                }
+                Ok(None) => eof = true,
+                Err(e) => {
+                    info!("frames connection ends on bad input: {e}");
+                    eof = true;
+                    end = Some(end_notice(pb::Status::Invalid, &e.to_string()));
+                }
+            },
+        }
+    }
+}
+
+fn end_notice(status: pb::Status, why: &str) -> Response {
+    Response {
+        end: true,
+        ..Response::failed(0, status, why)
+    }
+}
+
+fn try_acquire(count: &Arc<Semaphore>, bytes: &Arc<Semaphore>, units: u32) -> Option<Permits> {
+    let c = count.clone().try_acquire_owned().ok()?;
+    let b = bytes.clone().try_acquire_many_owned(units).ok()?;
+    Some((c, b))
+}
+
+async fn acquire(count: &Arc<Semaphore>, bytes: &Arc<Semaphore>, units: u32) -> Permits {
+    let c = count.clone().acquire_owned().await;
+    let b = bytes.clone().acquire_many_owned(units).await;
+    (
+        c.expect("invariant: the semaphore is never closed"),
+        b.expect("invariant: the semaphore is never closed"),
+    )
+}
+
+async fn execute(
+    shared: Arc<Shared>,
+    generation: u64,
+    closes: u64,
+    req: Request,
+    permits: Permits,
+) -> Answer {
+    let op = match req.op {
+        RequestOp::Read { offset, length } => Op::Read(pb::ReadOp { offset, length }),
+        RequestOp::Write { offset, data } => Op::Write(pb::WriteOp { offset, data }),
+        RequestOp::Unmap {
+            offset,
+            length,
+            zero_fill,
+        } => Op::Unmap(pb::UnmapOp {
+            offset,
+            length,
+            zero_fill,
+        }),
+        RequestOp::Flush { flush_number } => Op::Flush(pb::FlushOp { flush_number }),
+    };
+    let r = data::run_op(&shared, generation, closes, req.id, op).await;
+    let status = pb::Status::try_from(r.status).unwrap_or(pb::Status::IoError);
+    if status != pb::Status::Ok {
+        debug!(id = r.id, ?status, "request failed: {}", r.message);
+    }
+    let answer = Response {
+        id: r.id,
+        status,
+        end: false,
+        message: r.message,
+        flush_number: r.flush_number,
+        data: r.data,
+    };
+    (answer, Some(permits))
+}
+
+/// The frames status for a status that ends or refuses a gRPC stream.
+fn frame_status(s: &Status) -> pb::Status {
+    match s.code() {
+        Code::InvalidArgument | Code::OutOfRange => pb::Status::Invalid,
+        Code::ResourceExhausted => pb::Status::NoSpace,
+        Code::FailedPrecondition | Code::Unavailable => pb::Status::Unavailable,
+        _ => pb::Status::IoError,
+    }
+}
+
+/// Reads frames off the socket. [`FrameReader::next`] is cancel-safe: bytes are only taken
+/// off the buffer when a whole frame is there, so it can sit in a `select!`.
+struct FrameReader {
+    rd: OwnedReadHalf,
+    buf: BytesMut,
+}
+
+impl FrameReader {
+    async fn hello(&mut self) -> Result<Hello, ReadError> {
+        while self.buf.len() < HELLO_LEN {
+            if !self.fill(HELLO_LEN).await? {
+                return Err(ReadError::Truncated(self.buf.len()));
+            }
+        }
+        let head = self.buf.split_to(HELLO_LEN);
+        let head: &[u8; HELLO_LEN] = head[..]
+            .try_into()
+            .expect("invariant: split_to gave HELLO_LEN bytes");
+        Ok(Hello::decode(head)?)
+    }
+
+    /// The next request, or `None` at a clean end of the connection (between frames).
+    async fn next(&mut self) -> Result<Option<Request>, ReadError> {
+        loop {
+            match frames::decode_request(&mut self.buf)? {
+                Decoded::Frame(req) => return Ok(Some(req)),
+                Decoded::Need(total) => {
+                    if !self.fill(total).await? {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads more, making room for a frame of `total` bytes; false at EOF between frames.
+    async fn fill(&mut self, total: usize) -> Result<bool, ReadError> {
+        let want = total.saturating_sub(self.buf.len()).max(READ_CHUNK);
+        self.buf.reserve(want);
+        if self.rd.read_buf(&mut self.buf).await? == 0 {
+            if self.buf.is_empty() {
+                return Ok(false);
+            }
+            return Err(ReadError::Truncated(self.buf.len()));
+        }
+        Ok(true)
+    }
+}
+
+async fn write_one(wr: &mut OwnedWriteHalf, resp: &Response) -> std::io::Result<()> {
+    let mut b = Batch::default();
+    b.push_response(resp);
+    write_batch(wr, &b).await
+}
+
+/// Writes answers as they come: everything ready goes out in one vectored write, and the
+/// socket is written as soon as nothing else is ready (TCP_NODELAY is set on accept).
+async fn write_answers(
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Answer>,
+) -> std::io::Result<()> {
+    let mut batch = Batch::default();
+    // The budget of the answers in the batch, released once they are written.
+    let mut held = Vec::with_capacity(MAX_BATCH);
+    while let Some((resp, permits)) = rx.recv().await {
+        batch.push_response(&resp);
+        held.push(permits);
+        while batch.frames() < MAX_BATCH {
+            let Ok((resp, permits)) = rx.try_recv() else {
+                break;
+            };
+            batch.push_response(&resp);
+            held.push(permits);
+        }
+        write_batch(&mut wr, &batch).await?;
+        batch.clear();
+        held.clear();
+    }
+    wr.shutdown().await
+}
+
+async fn write_batch(wr: &mut OwnedWriteHalf, batch: &Batch) -> std::io::Result<()> {
+    let mut slices = batch.io_slices();
+    let mut rest: &mut [IoSlice<'_>] = &mut slices;
+    while !rest.is_empty() {
+        let n = wr.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}

@@ -1,0 +1,85 @@
+//! The accept loop: one port for gRPC and for data frames.
+//!
+//! Every accepted connection gets TCP_NODELAY (without it, small answers such as a write's
+//! OK wait for the peer's delayed ACK: up to 40 ms per request), then a task peeks at its
+//! first byte. An HTTP/2 client always opens with the preface `PRI * HTTP/2.0`; a frames
+//! client opens with `frames::MAGIC`, whose first byte is `Z`. Frames connections are served
+//! by `frames::serve`; every other connection is handed to tonic, as before, which refuses
+//! what is not HTTP/2. Peeking happens in the connection's own task, so a client that
+//! connects and sends nothing holds up nobody (it is dropped after [`FIRST_BYTE_TIMEOUT`]).
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::{Instrument, debug, info_span, warn};
+use zebu_proto::frames::MAGIC;
+
+use super::{ReplicaServer, frames};
+
+/// How long a new connection may take to send its first byte.
+const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl ReplicaServer {
+    /// Serves gRPC and data frames on `listener` until `shutdown` completes and the gRPC
+    /// connections have finished (frames connections end when the replica closes, which
+    /// `zebu-replica serve` does before it signals the shutdown).
+    pub async fn serve(
+        &self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error> {
+        let (grpc_tx, grpc_rx) = mpsc::channel::<std::io::Result<TcpStream>>(64);
+        let grpc = tonic::transport::Server::builder()
+            .add_service(self.clone().into_service())
+            .serve_with_incoming_shutdown(ReceiverStream::new(grpc_rx), shutdown);
+        tokio::select! {
+            served = grpc => served,
+            () = self.accept_loop(listener, grpc_tx) => Ok(()),
+        }
+    }
+
+    async fn accept_loop(
+        &self,
+        listener: TcpListener,
+        grpc: mpsc::Sender<std::io::Result<TcpStream>>,
+    ) {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(s) => s,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning; the listener stays.
+                    warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            if let Err(e) = stream.set_nodelay(true) {
+                debug!(%peer, "cannot set TCP_NODELAY: {e}");
+            }
+            let shared = self.shared.clone();
+            let grpc = grpc.clone();
+            let span = info_span!(parent: &shared.span, "conn", %peer);
+            tokio::spawn(
+                async move {
+                    let mut first = [0u8; 1];
+                    match tokio::time::timeout(FIRST_BYTE_TIMEOUT, stream.peek(&mut first)).await {
+                        Ok(Ok(1)) if first[0] == MAGIC[0] => {
+                            frames::serve(shared, stream, peer).await;
+                        }
+                        Ok(Ok(1)) => {
+                            // tonic is shutting down when this fails; the connection just closes.
+                            let _ = grpc.send(Ok(stream)).await;
+                        }
+                        Ok(Ok(_)) => debug!("connection closed before its first byte"),
+                        Ok(Err(e)) => debug!("connection failed before its first byte: {e}"),
+                        Err(_) => debug!("no first byte within {FIRST_BYTE_TIMEOUT:?}; dropped"),
+                    }
+                }
+                .instrument(span),
+            );
+        }
+    }
+}

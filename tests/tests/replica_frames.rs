@@ -1,0 +1,532 @@
+//! The data-frames transport against a real `zebu-replica serve` process, over real TCP on
+//! the replica's one port: the data it moves, requests answered out of order, fencing across
+//! transports (frames and gRPC streams fence each other), hostile input that ends only its
+//! own connection, and the engine's old gRPC data path still surviving a replica kill -9.
+//!
+//! Run with `--test-threads=1` when other suites run at the same time: the tests use fixed
+//! loopback addresses (127.0.0.40-49).
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tonic::Code;
+use zebu_engine::blockdev::BlockDevice;
+use zebu_engine::workload::{Expect, RunId};
+use zebu_proto::frames::{
+    self, Batch, Decoded, Hello, MAX_FRAME_PAYLOAD, Request, RequestHeader, RequestOp, Response,
+};
+use zebu_proto::replica::{MAX_IO_BYTES, Status};
+use zebu_tests::engine::{
+    Background, Cluster, assert_clean_run, assert_verified, busy_workload, mode_in,
+};
+use zebu_tests::model::{BLOCK, block_data, decode};
+use zebu_tests::{DataStream, ReplicaProcess, loopback, test_seed};
+
+const SIZE: u64 = 64 << 20;
+/// Every wait for the replica is bounded, so a hang fails the test instead of stalling it.
+const WAIT: Duration = Duration::from_secs(10);
+
+fn start(tmp: &tempfile::TempDir, ip: u8) -> ReplicaProcess {
+    ReplicaProcess::start(&tmp.path().join("r"), SIZE, loopback(ip)).expect("replica starts")
+}
+
+/// A raw frames connection, as the engine's transport speaks it but with every byte under
+/// the test's control.
+struct Frames {
+    stream: TcpStream,
+    buf: BytesMut,
+    next_id: u64,
+}
+
+impl Frames {
+    async fn connect(addr: SocketAddr) -> Frames {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        Frames {
+            stream,
+            buf: BytesMut::new(),
+            next_id: 1,
+        }
+    }
+
+    /// Connects and sends a hello; returns the connection and the hello's answer.
+    async fn hello(addr: SocketAddr, generation: u64) -> (Frames, Response) {
+        let mut c = Frames::connect(addr).await;
+        let hello = Hello {
+            version: frames::VERSION,
+            generation,
+        };
+        c.send_raw(&hello.encode()).await;
+        let answer = c.recv().await.expect("a hello answer");
+        (c, answer)
+    }
+
+    /// A connection whose hello was accepted.
+    async fn open(addr: SocketAddr, generation: u64) -> Frames {
+        let (c, answer) = Frames::hello(addr, generation).await;
+        assert_eq!(answer.status, Status::Ok, "hello refused: {answer}");
+        assert_eq!(answer.id, 0);
+        c
+    }
+
+    async fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("send");
+    }
+
+    /// Sends `ops` as one batch of requests with fresh ids; returns the ids.
+    async fn send(&mut self, ops: Vec<RequestOp>) -> Vec<u64> {
+        let mut batch = Batch::default();
+        let mut ids = Vec::new();
+        for op in ops {
+            let id = self.next_id;
+            self.next_id += 1;
+            batch.push_request(&Request { id, op });
+            ids.push(id);
+        }
+        let bytes: Vec<u8> = batch
+            .io_slices()
+            .iter()
+            .flat_map(|s| s.iter().copied())
+            .collect();
+        self.send_raw(&bytes).await;
+        ids
+    }
+
+    /// The next response, or `None` when the server closed the connection.
+    async fn recv(&mut self) -> Option<Response> {
+        loop {
+            match frames::decode_response(&mut self.buf).expect("a well-formed answer") {
+                Decoded::Frame(r) => return Some(r),
+                Decoded::Need(_) => {}
+            }
+            let n = tokio::time::timeout(WAIT, self.stream.read_buf(&mut self.buf))
+                .await
+                .expect("the replica answers or closes within the wait")
+                .unwrap_or(0);
+            if n == 0 {
+                assert!(self.buf.is_empty(), "connection ended mid-frame");
+                return None;
+            }
+        }
+    }
+
+    async fn call(&mut self, op: RequestOp) -> Response {
+        let id = self.send(vec![op]).await[0];
+        let r = self.recv().await.expect("an answer");
+        assert_eq!(r.id, id, "answer {r} to a lone request");
+        r
+    }
+
+    async fn write(&mut self, offset: u64, data: Vec<u8>) {
+        let data = Bytes::from(data);
+        let r = self.call(RequestOp::Write { offset, data }).await;
+        assert_eq!(r.status, Status::Ok, "{r}");
+    }
+
+    async fn read(&mut self, offset: u64, length: u64) -> Bytes {
+        let r = self.call(RequestOp::Read { offset, length }).await;
+        assert_eq!(r.status, Status::Ok, "{r}");
+        r.data
+    }
+
+    /// Reads until the server closes; returns the END notice it sent, if any.
+    async fn expect_end(&mut self) -> Option<Response> {
+        let mut end = None;
+        while let Some(r) = self.recv().await {
+            if r.end {
+                assert!(end.is_none(), "two END notices");
+                end = Some(r);
+            } else {
+                assert!(end.is_none(), "an answer after END: {r}");
+            }
+        }
+        end
+    }
+}
+
+/// The replica still serves a fresh frames connection at `generation`.
+async fn assert_serves(addr: SocketAddr, generation: u64, block: u64) {
+    let mut c = Frames::open(addr, generation).await;
+    c.write(block * BLOCK, block_data(block, 42)).await;
+    assert_eq!(decode(block, &c.read(block * BLOCK, BLOCK).await), Ok(42));
+}
+
+#[tokio::test]
+async fn frames_read_your_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = start(&tmp, 40);
+    let mut c = Frames::open(r.addr, 1).await;
+    for b in 0..16 {
+        c.write(b * BLOCK, block_data(b, 7)).await;
+    }
+    for b in 0..16 {
+        assert_eq!(
+            decode(b, &c.read(b * BLOCK, BLOCK).await),
+            Ok(7),
+            "block {b}"
+        );
+    }
+    // A write large enough to travel as its own iovec, read back whole.
+    let big: Vec<u8> = (0..256u64).flat_map(|b| block_data(100 + b, 9)).collect();
+    c.write(100 * BLOCK, big.clone()).await;
+    assert_eq!(
+        c.read(100 * BLOCK, 256 * BLOCK).await.as_ref(),
+        big.as_slice()
+    );
+    let r1 = c
+        .call(RequestOp::Unmap {
+            offset: 2 * BLOCK,
+            length: 2 * BLOCK,
+            zero_fill: false,
+        })
+        .await;
+    assert_eq!(r1.status, Status::Ok, "{r1}");
+    let r2 = c
+        .call(RequestOp::Unmap {
+            offset: 5 * BLOCK,
+            length: BLOCK,
+            zero_fill: true,
+        })
+        .await;
+    assert_eq!(r2.status, Status::Ok, "{r2}");
+    for b in [2, 3, 5] {
+        assert!(
+            c.read(b * BLOCK, BLOCK).await.iter().all(|&x| x == 0),
+            "block {b} reads zeros"
+        );
+    }
+    assert_eq!(decode(4, &c.read(4 * BLOCK, BLOCK).await), Ok(7));
+    let f = c.call(RequestOp::Flush { flush_number: 0 }).await;
+    assert_eq!(f.status, Status::Ok, "{f}");
+    assert!(f.flush_number >= 1, "{f}");
+    let g = c
+        .call(RequestOp::Flush {
+            flush_number: f.flush_number + 10,
+        })
+        .await;
+    assert_eq!(g.flush_number, f.flush_number + 10, "{g}");
+    // The same data through gRPC: one store, two transports.
+    let mut s = DataStream::open(&mut r.client().await.unwrap(), 1)
+        .await
+        .unwrap();
+    assert_eq!(decode(4, &s.read(4 * BLOCK, BLOCK).await.unwrap()), Ok(7));
+    // A clean close from the client ends the stream without an END notice.
+    c.stream.shutdown().await.unwrap();
+    assert_eq!(c.expect_end().await, None);
+}
+
+#[tokio::test]
+async fn many_requests_in_flight_are_answered_out_of_order_by_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = start(&tmp, 41);
+    let mut c = Frames::open(r.addr, 1).await;
+    let blocks = 300u64;
+    let writes = (0..blocks)
+        .map(|b| RequestOp::Write {
+            offset: b * BLOCK,
+            data: Bytes::from(block_data(b, 3)),
+        })
+        .collect();
+    let ids = c.send(writes).await;
+    let mut seen = HashSet::new();
+    for _ in 0..ids.len() {
+        let a = c.recv().await.expect("an answer");
+        assert_eq!(a.status, Status::Ok, "{a}");
+        assert!(
+            ids.contains(&a.id) && seen.insert(a.id),
+            "unexpected or repeated {a}"
+        );
+    }
+    // A big read first, then many small ones in the same batch: the small ones finish first
+    // (the server answers in completion order), and every answer finds its request by id.
+    let mut out_of_order = false;
+    for attempt in 0..5 {
+        let mut ops = vec![RequestOp::Read {
+            offset: 0,
+            length: MAX_IO_BYTES,
+        }];
+        ops.extend((0..blocks).map(|b| RequestOp::Read {
+            offset: b * BLOCK,
+            length: BLOCK,
+        }));
+        let ids = c.send(ops).await;
+        let block_of: HashMap<u64, u64> = ids[1..].iter().copied().zip(0..blocks).collect();
+        let mut order = Vec::new();
+        for _ in 0..ids.len() {
+            let a = c.recv().await.expect("an answer");
+            assert_eq!(a.status, Status::Ok, "{a}");
+            if a.id == ids[0] {
+                assert_eq!(a.data.len() as u64, MAX_IO_BYTES);
+                for b in 0..blocks {
+                    let at = (b * BLOCK) as usize;
+                    assert_eq!(decode(b, &a.data[at..at + BLOCK as usize]), Ok(3));
+                }
+            } else {
+                let b = block_of[&a.id];
+                assert_eq!(decode(b, &a.data), Ok(3), "answer {a} carries block {b}");
+            }
+            order.push(a.id);
+        }
+        let sorted = {
+            let mut v = order.clone();
+            v.sort();
+            v
+        };
+        assert_eq!(sorted, ids, "every request answered exactly once");
+        if order != ids {
+            eprintln!("attempt {attempt}: answers came out of order");
+            out_of_order = true;
+            break;
+        }
+    }
+    assert!(
+        out_of_order,
+        "five batches were all answered in issue order"
+    );
+}
+
+#[tokio::test]
+async fn frames_and_grpc_streams_fence_each_other() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = start(&tmp, 42);
+    let mut client = r.client().await.unwrap();
+
+    // gRPC at generation 1, then frames at 2: the gRPC stream ends, fenced.
+    let mut old = DataStream::open(&mut client, 1).await.unwrap();
+    old.write(0, block_data(0, 1)).await.unwrap();
+    let mut f2 = Frames::open(r.addr, 2).await;
+    let err = tokio::time::timeout(WAIT, old.recv())
+        .await
+        .expect("the old stream ends")
+        .expect_err("the old stream ends with an error");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("fenced"), "{}", err.message());
+    f2.write(0, block_data(0, 2)).await;
+
+    // gRPC at 3: the frames stream at 2 gets END (fenced) and is closed.
+    let mut g3 = DataStream::open(&mut client, 3).await.unwrap();
+    let end = f2.expect_end().await.expect("an END notice");
+    assert_eq!(end.status, Status::Unavailable, "{end}");
+    assert!(
+        end.message
+            .contains("fenced: generation 2 was superseded by generation 3"),
+        "{end}"
+    );
+    assert_eq!(decode(0, &g3.read(0, BLOCK).await.unwrap()), Ok(2));
+
+    // A lower generation is refused on frames, with the reason, and the connection closed.
+    let (mut low, answer) = Frames::hello(r.addr, 2).await;
+    assert_eq!(answer.id, 0);
+    assert_eq!(answer.status, Status::Unavailable, "{answer}");
+    assert!(
+        answer
+            .message
+            .contains("generation 2 is lower than the accepted generation 3"),
+        "{answer}"
+    );
+    assert_eq!(low.recv().await, None, "the refused connection is closed");
+    // ... and on gRPC.
+    let refused = DataStream::open(&mut client, 2)
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+
+    // Another frames stream of the accepted generation runs beside the gRPC one.
+    let mut f3 = Frames::open(r.addr, 3).await;
+    assert_eq!(decode(0, &f3.read(0, BLOCK).await), Ok(2));
+    g3.write(BLOCK, block_data(1, 5)).await.unwrap();
+    assert_eq!(decode(1, &f3.read(BLOCK, BLOCK).await), Ok(5));
+
+    // A replica close ends frames streams too; after Open, new ones work.
+    client
+        .close(zebu_proto::replica::CloseRequest {})
+        .await
+        .unwrap();
+    let end = f3.expect_end().await.expect("an END notice on close");
+    assert_eq!(end.status, Status::Unavailable, "{end}");
+    let (_, answer) = Frames::hello(r.addr, 3).await;
+    assert_eq!(
+        answer.status,
+        Status::Unavailable,
+        "hello to a closed replica: {answer}"
+    );
+    client
+        .open(zebu_proto::replica::OpenRequest {})
+        .await
+        .unwrap();
+    assert_serves(r.addr, 3, 9).await;
+}
+
+/// Sends `bytes` after a good hello and expects an END with INVALID, then a closed connection.
+async fn expect_rejected(addr: SocketAddr, what: &str, bytes: &[u8], then_close: bool) {
+    let mut c = Frames::open(addr, 1).await;
+    c.send_raw(bytes).await;
+    if then_close {
+        c.stream.shutdown().await.unwrap();
+    }
+    let end = c.expect_end().await;
+    let end = end.unwrap_or_else(|| panic!("{what}: closed without an END notice"));
+    assert_eq!(end.status, Status::Invalid, "{what}: {end}");
+    eprintln!("{what}: {end}");
+}
+
+#[tokio::test]
+async fn hostile_input_ends_only_its_connection() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = start(&tmp, 43);
+    // A good connection of each kind, open through everything below.
+    let mut good = Frames::open(r.addr, 1).await;
+    good.write(0, block_data(0, 11)).await;
+    let mut grpc = DataStream::open(&mut r.client().await.unwrap(), 1)
+        .await
+        .unwrap();
+
+    // Garbage first bytes: HTTP/1 (goes to tonic), and a wrong magic starting like ours.
+    for garbage in [
+        &b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        b"ZZZZ0123456789abcdef",
+        b"Z",
+    ] {
+        let mut c = Frames::connect(r.addr).await;
+        c.send_raw(garbage).await;
+        c.stream.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        // Whatever tonic says to HTTP/1 (if anything), the connection must end.
+        let _ = tokio::time::timeout(WAIT, c.stream.read_to_end(&mut rest))
+            .await
+            .unwrap_or_else(|_| panic!("{garbage:?}: the replica keeps a garbage connection"));
+    }
+
+    // An oversized write length: the payload cannot be skipped.
+    let huge = RequestHeader {
+        op: 2,
+        flags: 0,
+        id: 1,
+        offset: 0,
+        length: MAX_FRAME_PAYLOAD + 1,
+        flush_number: 0,
+    };
+    expect_rejected(r.addr, "oversized length", &huge.encode(), false).await;
+    // An unknown op.
+    let mut unknown = huge.encode();
+    unknown[0] = 77;
+    expect_rejected(r.addr, "unknown op", &unknown, false).await;
+    // Non-zero reserved bytes.
+    let mut reserved = Request {
+        id: 1,
+        op: RequestOp::Flush { flush_number: 0 },
+    }
+    .header()
+    .encode();
+    reserved[3] = 1;
+    expect_rejected(r.addr, "reserved bytes", &reserved, false).await;
+    // A truncated header, then EOF; and a write whose payload is cut short.
+    let read = Request {
+        id: 1,
+        op: RequestOp::Read {
+            offset: 0,
+            length: BLOCK,
+        },
+    };
+    expect_rejected(
+        r.addr,
+        "truncated header",
+        &read.header().encode()[..20],
+        true,
+    )
+    .await;
+    let mut cut_write = Request {
+        id: 1,
+        op: RequestOp::Write {
+            offset: 0,
+            data: Bytes::from(vec![1u8; 8192]),
+        },
+    }
+    .header()
+    .encode()
+    .to_vec();
+    cut_write.extend_from_slice(&[1u8; 100]);
+    expect_rejected(r.addr, "EOF mid-payload", &cut_write, true).await;
+
+    // A write and a read over MAX_IO_BYTES that frame correctly: answered INVALID, the
+    // connection goes on.
+    let mut c = Frames::open(r.addr, 1).await;
+    let over = c
+        .call(RequestOp::Write {
+            offset: 0,
+            data: Bytes::from(vec![5u8; (MAX_IO_BYTES + BLOCK) as usize]),
+        })
+        .await;
+    assert_eq!(over.status, Status::Invalid, "{over}");
+    assert!(over.message.contains("larger than the limit"), "{over}");
+    let over = c
+        .call(RequestOp::Read {
+            offset: 0,
+            length: MAX_IO_BYTES + BLOCK,
+        })
+        .await;
+    assert_eq!(over.status, Status::Invalid, "{over}");
+    let past_end = c
+        .call(RequestOp::Read {
+            offset: SIZE,
+            length: BLOCK,
+        })
+        .await;
+    assert_eq!(past_end.status, Status::Invalid, "{past_end}");
+    assert_eq!(
+        decode(0, &c.read(0, BLOCK).await),
+        Ok(11),
+        "nothing was written"
+    );
+
+    // Everything else kept working.
+    assert_eq!(decode(0, &good.read(0, BLOCK).await), Ok(11));
+    assert_eq!(decode(0, &grpc.read(0, BLOCK).await.unwrap()), Ok(11));
+    assert_serves(r.addr, 1, 7).await;
+    let log = r.log();
+    assert!(
+        log.contains("frames connection ends on bad input"),
+        "log:\n{log}"
+    );
+    assert!(!log.contains("panicked"), "log:\n{log}");
+}
+
+/// The engine's gRPC data path (no longer the default) still survives a replica kill -9
+/// under a verified workload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn engine_over_grpc_data_path_survives_replica_kill9() -> anyhow::Result<()> {
+    let seed = test_seed();
+    let mut c = Cluster::replicas_only("grpc-kill9", 128 << 20)?;
+    c.cfg.extra_args = vec!["--data-transport".into(), "grpc".into()];
+    c.start_engine()?;
+    let dev = c.engine().nbd_client().await?;
+    let cfg = busy_workload(seed);
+    let model = cfg.new_model(dev.size(), RunId::random())?;
+    let bg = Background::spawn(dev, model, cfg);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let victim = c.addr(2);
+    c.kill_replica(2);
+    let deadline = c.cfg.io_timeout + Duration::from_secs(1);
+    c.engine()
+        .wait_until(deadline, |i| mode_in(i, &victim) == "ERR")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", c.logs()))?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (model, report, dev) = bg.stop().await?;
+    assert_clean_run("gRPC data path across a kill -9", &report);
+    assert!(report.writes > 500, "too few writes: {report:?}");
+    assert_verified("gRPC data path after kill -9", &dev, &model, Expect::Exact).await;
+    let info = c.engine().info().await?;
+    assert_eq!(mode_in(&info, &c.addr(0)), "RW");
+    assert_eq!(mode_in(&info, &c.addr(1)), "RW");
+    // The surviving replicas served a gRPC data stream, not frames.
+    let r0 = c.replica(0).log();
+    assert!(r0.contains("data stream accepted"), "replica log:\n{r0}");
+    assert!(!r0.contains("frames stream accepted"), "replica log:\n{r0}");
+    Ok(())
+}
