@@ -237,6 +237,11 @@ impl RequestHeader {
     }
 
     /// Payload bytes that follow the header.
+    /// Whether this is a write, whose `payload_len()` bytes follow the header.
+    pub fn is_write(&self) -> bool {
+        self.op == OP_WRITE
+    }
+
     pub fn payload_len(&self) -> usize {
         if self.op == OP_WRITE {
             self.length as usize

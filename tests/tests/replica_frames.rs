@@ -530,3 +530,89 @@ async fn engine_over_grpc_data_path_survives_replica_kill9() -> anyhow::Result<(
     assert!(!r0.contains("frames stream accepted"), "replica log:\n{r0}");
     Ok(())
 }
+
+/// Writes of 64 KiB and more are read by the replica straight into memory aligned for
+/// direct I/O. However the bytes arrive (one batch, or cut at odd places with pauses, so that
+/// the header and part of the payload come in one read and the rest later), the data written
+/// is the data sent; a connection cut in the middle of such a payload ends only itself.
+#[tokio::test]
+async fn large_writes_arrive_intact_however_the_bytes_are_cut() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let r = start(&tmp, 45);
+    let mut c = Frames::open(r.addr, 1).await;
+    // Aligned sizes take the direct path; the odd one and the small one do not.
+    let sizes: [usize; 5] = [64 << 10, 1 << 20, (1 << 20) + 4096, (1 << 20) + 1, 8192];
+    let mut offset = 0u64;
+    let mut expected = Vec::new();
+    for (round, cut) in [None, Some(1000usize), Some(4093), Some(70_000)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut batch = Batch::default();
+        let mut writes = Vec::new();
+        for (i, &len) in sizes.iter().enumerate() {
+            let data: Vec<u8> = (0..len)
+                .map(|b| (b as u64 * 31 + i as u64 * 7 + round as u64 * 13) as u8)
+                .collect();
+            let id = c.next_id;
+            c.next_id += 1;
+            batch.push_request(&Request {
+                id,
+                op: RequestOp::Write {
+                    offset,
+                    data: Bytes::from(data.clone()),
+                },
+            });
+            writes.push(id);
+            expected.push((offset, data));
+            offset += (len as u64).div_ceil(BLOCK) * BLOCK;
+        }
+        let bytes: Vec<u8> = batch
+            .io_slices()
+            .iter()
+            .flat_map(|s| s.iter().copied())
+            .collect();
+        match cut {
+            None => c.send_raw(&bytes).await,
+            Some(step) => {
+                for piece in bytes.chunks(step) {
+                    c.send_raw(piece).await;
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
+            }
+        }
+        let mut answered = Vec::new();
+        for _ in &writes {
+            let a = c.recv().await.expect("an answer");
+            assert_eq!(a.status, Status::Ok, "{a}");
+            answered.push(a.id);
+        }
+        answered.sort_unstable();
+        assert_eq!(answered, writes);
+    }
+    for (off, data) in &expected {
+        let got = c.read(*off, data.len() as u64).await;
+        assert!(
+            got[..] == data[..],
+            "{} bytes written at {off} read back differently",
+            data.len()
+        );
+    }
+
+    // Cut in the middle of a large payload: that connection ends, another one serves.
+    let mut cut_write = Request {
+        id: 1,
+        op: RequestOp::Write {
+            offset: 0,
+            data: Bytes::from(vec![9u8; 1 << 20]),
+        },
+    }
+    .header()
+    .encode()
+    .to_vec();
+    cut_write.extend_from_slice(&[9u8; 300_000]);
+    expect_rejected(r.addr, "EOF mid large payload", &cut_write, true).await;
+    let (off, data) = &expected[1];
+    let got = c.read(*off, data.len() as u64).await;
+    assert!(got[..] == data[..], "the cut write changed nothing");
+}

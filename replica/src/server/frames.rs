@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -40,18 +40,23 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tonic::{Code, Status};
 use tracing::{Instrument, debug, info, info_span};
 use zebu_proto::frames::{
-    self, Batch, Decoded, FrameError, HELLO_LEN, Hello, Request, RequestOp, Response,
+    self, Batch, Decoded, FrameError, HELLO_LEN, Hello, REQUEST_HEADER_LEN, Request, RequestHeader,
+    RequestOp, Response,
 };
 use zebu_proto::replica as pb;
 use zebu_proto::replica::data_request::Op;
 
 use super::data::{self, BUDGET_UNITS};
 use super::{MAX_IN_FLIGHT, Shared};
+use crate::io::{AlignedBuf, IO_ALIGN};
 
 /// How long a new connection may take to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
 /// Least room made in the read buffer before each read, so small frames arrive many at once.
 const READ_CHUNK: usize = 64 << 10;
+/// Writes with at least this much payload (and a length the I/O alignment divides) are read
+/// straight into memory aligned for direct I/O, which the store then writes without copying.
+const DIRECT_PAYLOAD_MIN: usize = 64 << 10;
 /// Most answers gathered into one vectored write (keeps the iovec count well under IOV_MAX).
 const MAX_BATCH: usize = 128;
 
@@ -81,6 +86,7 @@ async fn run(shared: Arc<Shared>, stream: TcpStream) {
     let mut reader = FrameReader {
         rd,
         buf: BytesMut::with_capacity(READ_CHUNK),
+        direct: None,
     };
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, reader.hello()).await {
         Ok(Ok(h)) => h,
@@ -273,6 +279,15 @@ fn frame_status(s: &Status) -> pb::Status {
 struct FrameReader {
     rd: OwnedReadHalf,
     buf: BytesMut,
+    /// A large write whose payload is being read into aligned memory (see
+    /// [`DIRECT_PAYLOAD_MIN`]); kept here, not in a local, so `next` stays cancel-safe.
+    direct: Option<DirectPayload>,
+}
+
+struct DirectPayload {
+    header: RequestHeader,
+    data: AlignedBuf,
+    filled: usize,
 }
 
 impl FrameReader {
@@ -292,6 +307,45 @@ impl FrameReader {
     /// The next request, or `None` at a clean end of the connection (between frames).
     async fn next(&mut self) -> Result<Option<Request>, ReadError> {
         loop {
+            if let Some(p) = &mut self.direct {
+                if p.filled == p.data.len() {
+                    let p = self.direct.take().expect("invariant: checked just above");
+                    let op = RequestOp::Write {
+                        offset: p.header.offset,
+                        data: p.data.into_bytes(),
+                    };
+                    return Ok(Some(Request {
+                        id: p.header.id,
+                        op,
+                    }));
+                }
+                // One read per poll: cancel-safe, nothing read is lost if dropped.
+                let n = self.rd.read(&mut p.data[p.filled..]).await?;
+                if n == 0 {
+                    return Err(ReadError::Truncated(REQUEST_HEADER_LEN + p.filled));
+                }
+                p.filled += n;
+                continue;
+            }
+            if let Some(head) = self.buf.first_chunk::<REQUEST_HEADER_LEN>() {
+                let h = RequestHeader::decode(head)?;
+                let len = h.payload_len();
+                let whole = self.buf.len() >= REQUEST_HEADER_LEN + len;
+                if h.is_write() && !whole && len >= DIRECT_PAYLOAD_MIN && len % IO_ALIGN == 0 {
+                    self.buf.advance(REQUEST_HEADER_LEN);
+                    // A multiple of the alignment: the buffer is exactly `len` long.
+                    let mut data = AlignedBuf::for_overwrite(len);
+                    let have = self.buf.len();
+                    data[..have].copy_from_slice(&self.buf);
+                    self.buf.clear();
+                    self.direct = Some(DirectPayload {
+                        header: h,
+                        data,
+                        filled: have,
+                    });
+                    continue;
+                }
+            }
             match frames::decode_request(&mut self.buf)? {
                 Decoded::Frame(req) => return Ok(Some(req)),
                 Decoded::Need(total) => {
