@@ -16,6 +16,16 @@
 //!                                                 start, status Running or Error
 //! ```
 //!
+//! **Starts run on their own.** Starting a process waits for its ready line,
+//! which for an engine can take as long as its replicas take to answer (up
+//! to a minute). So each start is a task of its own: the pass writes
+//! `Starting` to the store (the decision is recorded before anyone acts on
+//! it), spawns the task and moves on to the node's other objects; the task
+//! writes `Running` or `Error` when the process is ready or has failed. An
+//! object with a start in flight is left alone by later passes, except that
+//! a delete aborts the start first (a process the task already spawned is
+//! then found by its command line and stopped like any other).
+//!
 //! Processes are found by command line ([`crate::process::find`]), so after a
 //! crash or restart of the manager the ones still running are adopted, and a
 //! process started just before a crash is never started a second time. A
@@ -30,9 +40,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::Mutex as SyncMutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
 
 use crate::engine_rpc;
 use crate::process::{self, Identity, Launch};
@@ -70,7 +82,11 @@ pub enum InstanceError {
     },
 }
 
-/// Runs the processes of one node.
+/// A start in flight, by the kind and name of its object.
+type StartKey = (&'static str, String);
+
+/// Runs the processes of one node. Cloning is cheap and shares everything
+/// (a start task holds a clone).
 pub struct Instances<S> {
     store: Arc<S>,
     node: String,
@@ -78,7 +94,24 @@ pub struct Instances<S> {
     log_dir: PathBuf,
     grace: Duration,
     /// Object name -> earliest next start attempt, after a failed start.
-    backoff: Mutex<HashMap<String, Instant>>,
+    backoff: Arc<Mutex<HashMap<String, Instant>>>,
+    /// Starts in flight. Only the agent's pass adds or removes entries; a
+    /// finished task is removed on the next pass.
+    starts: Arc<SyncMutex<HashMap<StartKey, JoinHandle<()>>>>,
+}
+
+impl<S> Clone for Instances<S> {
+    fn clone(&self) -> Self {
+        Instances {
+            store: self.store.clone(),
+            node: self.node.clone(),
+            address: self.address.clone(),
+            log_dir: self.log_dir.clone(),
+            grace: self.grace,
+            backoff: self.backoff.clone(),
+            starts: self.starts.clone(),
+        }
+    }
 }
 
 pub fn replica_identity(r: &Replica) -> Identity {
@@ -118,8 +151,55 @@ impl<S: Store> Instances<S> {
             address,
             log_dir,
             grace: Duration::from_secs(10),
-            backoff: Mutex::new(HashMap::new()),
+            backoff: Arc::new(Mutex::new(HashMap::new())),
+            starts: Arc::new(SyncMutex::new(HashMap::new())),
         }
+    }
+
+    fn lock_starts(&self) -> std::sync::MutexGuard<'_, HashMap<StartKey, JoinHandle<()>>> {
+        // A panic while holding this lock leaves the map itself intact.
+        self.starts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a start of this object is still in flight (forgetting those
+    /// that have finished).
+    fn start_in_flight(&self, kind: &'static str, name: &str) -> bool {
+        let mut starts = self.lock_starts();
+        let key = (kind, name.to_string());
+        match starts.get(&key) {
+            Some(task) if !task.is_finished() => true,
+            Some(_) => {
+                starts.remove(&key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Abort a start in flight and wait until its task is gone, so it can
+    /// spawn nothing more; a process it already spawned is still running
+    /// and is found by its command line.
+    async fn abort_start(&self, kind: &'static str, name: &str) {
+        let task = self.lock_starts().remove(&(kind, name.to_string()));
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+            tracing::info!(node = %self.node, kind, name, "start aborted");
+        }
+    }
+
+    /// Run `start` as a task of its own; see the module docs.
+    fn spawn_start<F>(&self, kind: &'static str, name: &str, start: F)
+    where
+        F: Future<Output = Result<(), InstanceError>> + Send + 'static,
+    {
+        let what = format!("{kind} {name}");
+        let task = tokio::spawn(async move {
+            if let Err(e) = start.await {
+                tracing::warn!("{what}: {e}");
+            }
+        });
+        self.lock_starts().insert((kind, name.to_string()), task);
     }
 
     fn err(&self, source: StoreError) -> InstanceError {
@@ -218,6 +298,11 @@ impl<S: Store> Instances<S> {
     async fn reconcile_replica(&self, r: &Replica) -> Result<(), InstanceError> {
         let name = &r.metadata.name;
         let id = replica_identity(r);
+        if r.metadata.deletion_timestamp.is_some() {
+            self.abort_start("replica", name).await;
+        } else if self.start_in_flight("replica", name) {
+            return Ok(());
+        }
         let running = process::find(&id, r.status.pid);
         if r.metadata.deletion_timestamp.is_some() {
             if let Some(pid) = running {
@@ -297,6 +382,16 @@ impl<S: Store> Instances<S> {
             },
             Err(e) => return self.replica_failed(name, &e.to_string(), false).await,
         };
+        let me = self.clone();
+        let owned = name.clone();
+        self.spawn_start("replica", name, async move {
+            me.launch_replica(&owned, launch).await
+        });
+        Ok(())
+    }
+
+    /// The start task of a replica: launch, then record the outcome.
+    async fn launch_replica(&self, name: &str, launch: Launch) -> Result<(), InstanceError> {
         match process::launch(&launch).await {
             Ok(started) => {
                 let address = started.announced.get("listening").cloned();
@@ -347,6 +442,11 @@ impl<S: Store> Instances<S> {
     ) -> Result<(), InstanceError> {
         let name = &e.metadata.name;
         let id = engine_identity(e, &self.address);
+        if e.metadata.deletion_timestamp.is_some() {
+            self.abort_start("engine", name).await;
+        } else if self.start_in_flight("engine", name) {
+            return Ok(());
+        }
         let running = process::find(&id, e.status.pid);
         if e.metadata.deletion_timestamp.is_some() {
             if let Some(pid) = running {
@@ -382,13 +482,22 @@ impl<S: Store> Instances<S> {
             ready_prefix: "ready".into(),
             timeout: ENGINE_READY_TIMEOUT,
         };
-        match process::launch(&launch).await {
-            Ok(started) => {
-                tracing::info!(engine = %name, pid = started.pid, "engine running");
-                self.observe_engine(e, started.pid, &stdout, replicas).await
+        let me = self.clone();
+        let (engine, replicas) = (e.clone(), replicas.to_vec());
+        self.spawn_start("engine", name, async move {
+            match process::launch(&launch).await {
+                Ok(started) => {
+                    tracing::info!(engine = %engine.metadata.name, pid = started.pid, "engine running");
+                    me.observe_engine(&engine, started.pid, &stdout, &replicas)
+                        .await
+                }
+                Err(err) => {
+                    me.engine_failed(&engine.metadata.name, &err.to_string())
+                        .await
+                }
             }
-            Err(err) => self.engine_failed(name, &err.to_string()).await,
-        }
+        });
+        Ok(())
     }
 
     fn engine_args(&self, e: &Engine) -> Vec<String> {
@@ -578,6 +687,12 @@ impl<S: Store> Instances<S> {
     /// their replicas), leaving the objects as they are: the next start of
     /// the agent finds the processes gone and starts them again.
     pub async fn stop_all(&self) {
+        // No start may spawn anything after this point.
+        let starts: Vec<JoinHandle<()>> = self.lock_starts().drain().map(|(_, t)| t).collect();
+        for task in starts {
+            task.abort();
+            let _ = task.await;
+        }
         if let Ok(engines) = self.store.list_as::<Engine>().await {
             for e in engines.iter().filter(|e| e.spec.node == self.node) {
                 let id = engine_identity(e, &self.address);
