@@ -706,6 +706,16 @@ async fn up(
         .collect();
     let agents = Arc::new(LocalAgents::new(store.clone(), configs));
     agents.start_all().await.context("registering the nodes")?;
+    // One pass before the API answers, so volume status left from before a
+    // restart (an endpoint whose engine is gone) is not shown as current.
+    // It runs before the controller loop starts: two passes at once could
+    // both schedule the same missing replica.
+    if let Err(e) = crate::controller::volume::VolumeController::new(store.clone())
+        .pass()
+        .await
+    {
+        tracing::warn!("volume controller: {e}");
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let controllers = tokio::spawn(crate::controller::run(store.clone(), stop_rx));
     // Whoever started us may stop reading our output (a closed pipe): the

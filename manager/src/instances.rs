@@ -119,14 +119,22 @@ pub fn replica_identity(r: &Replica) -> Identity {
         binary: "zebu-replica".into(),
         args: vec![("--dir".into(), r.spec.data_path.clone())],
         prefixed: vec![],
+        // `--dir` is an absolute path in this cluster's data directory.
+        stdout: None,
     }
 }
 
-pub fn engine_identity(e: &Engine, node_address: &str) -> Identity {
+/// Where an engine's stdout goes, in the node's log directory.
+pub fn engine_stdout(e: &Engine, log_dir: &Path) -> PathBuf {
+    log_dir.join(format!("engine-{}.out", e.metadata.name))
+}
+
+pub fn engine_identity(e: &Engine, node_address: &str, log_dir: &Path) -> Identity {
     Identity {
         binary: "zebu-engine".into(),
         args: vec![("--volume".into(), e.spec.volume.clone())],
         prefixed: vec![("--control".into(), format!("{node_address}:"))],
+        stdout: Some(engine_stdout(e, log_dir)),
     }
 }
 
@@ -195,6 +203,7 @@ impl<S: Store> Instances<S> {
     {
         let what = format!("{kind} {name}");
         let task = tokio::spawn(async move {
+            tracing::debug!("{what}: start task running");
             if let Err(e) = start.await {
                 tracing::warn!("{what}: {e}");
             }
@@ -441,7 +450,7 @@ impl<S: Store> Instances<S> {
         replicas: &[Replica],
     ) -> Result<(), InstanceError> {
         let name = &e.metadata.name;
-        let id = engine_identity(e, &self.address);
+        let id = engine_identity(e, &self.address, &self.log_dir);
         if e.metadata.deletion_timestamp.is_some() {
             self.abort_start("engine", name).await;
         } else if self.start_in_flight("engine", name) {
@@ -454,7 +463,7 @@ impl<S: Store> Instances<S> {
             }
             return self.drop_finalizer::<Engine>(name, ENGINE_FINALIZER).await;
         }
-        let stdout = self.log_dir.join(format!("engine-{name}.out"));
+        let stdout = engine_stdout(e, &self.log_dir);
         if let Some(pid) = running {
             return self.observe_engine(e, pid, &stdout, replicas).await;
         }
@@ -669,6 +678,7 @@ impl<S: Store> Instances<S> {
                 binary: "zebu-replica".into(),
                 args: vec![("--dir".into(), path.clone())],
                 prefixed: vec![],
+                stdout: None,
             };
             if known || process::find(&id, None).is_some() {
                 continue;
@@ -683,9 +693,47 @@ impl<S: Store> Instances<S> {
         Ok(())
     }
 
+    /// Record as `Stopped` every object of this node that the store says
+    /// runs but whose process is gone (the manager and its processes were
+    /// killed, or the host rebooted). Run before anything reads the store
+    /// after a start, so no one takes a dead engine's old endpoint for a
+    /// served volume; the agent's passes then start them again.
+    pub async fn mark_gone_as_stopped(&self) -> Result<(), InstanceError> {
+        let replicas: Vec<Replica> = self.store.list_as().await.map_err(|e| self.err(e))?;
+        for r in replicas.iter().filter(|r| r.spec.node == self.node) {
+            if r.status.state == ReplicaState::Running
+                && process::find(&replica_identity(r), r.status.pid).is_none()
+            {
+                self.write_status::<Replica>(&r.metadata.name, |o| {
+                    o.status.state = ReplicaState::Stopped;
+                    o.status.pid = None;
+                })
+                .await?;
+            }
+        }
+        let engines: Vec<Engine> = self.store.list_as().await.map_err(|e| self.err(e))?;
+        for e in engines.iter().filter(|e| e.spec.node == self.node) {
+            if e.status.state == EngineState::Running
+                && process::find(
+                    &engine_identity(e, &self.address, &self.log_dir),
+                    e.status.pid,
+                )
+                .is_none()
+            {
+                self.write_status::<Engine>(&e.metadata.name, |o| {
+                    o.status.state = EngineState::Stopped;
+                    o.status.pid = None;
+                })
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Stop every process of this node (engines first, so they flush to
-    /// their replicas), leaving the objects as they are: the next start of
-    /// the agent finds the processes gone and starts them again.
+    /// their replicas) and record them as `Stopped`, keeping their
+    /// addresses: the next start of the agent starts them again where they
+    /// were.
     pub async fn stop_all(&self) {
         // No start may spawn anything after this point.
         let starts: Vec<JoinHandle<()>> = self.lock_starts().drain().map(|(_, t)| t).collect();
@@ -695,9 +743,16 @@ impl<S: Store> Instances<S> {
         }
         if let Ok(engines) = self.store.list_as::<Engine>().await {
             for e in engines.iter().filter(|e| e.spec.node == self.node) {
-                let id = engine_identity(e, &self.address);
+                let id = engine_identity(e, &self.address, &self.log_dir);
                 if let Some(pid) = process::find(&id, e.status.pid) {
                     process::stop(pid, &id, self.grace).await;
+                }
+                let stopped = self.write_status::<Engine>(&e.metadata.name, |o| {
+                    o.status.state = EngineState::Stopped;
+                    o.status.pid = None;
+                });
+                if let Err(err) = stopped.await {
+                    tracing::warn!(engine = %e.metadata.name, "{err}");
                 }
             }
         }
@@ -706,6 +761,13 @@ impl<S: Store> Instances<S> {
                 let id = replica_identity(r);
                 if let Some(pid) = process::find(&id, r.status.pid) {
                     process::stop(pid, &id, self.grace).await;
+                }
+                let stopped = self.write_status::<Replica>(&r.metadata.name, |o| {
+                    o.status.state = ReplicaState::Stopped;
+                    o.status.pid = None;
+                });
+                if let Err(err) = stopped.await {
+                    tracing::warn!(replica = %r.metadata.name, "{err}");
                 }
             }
         }

@@ -152,7 +152,7 @@ fn write_then_kill(
 #[test]
 fn every_replica_killed_the_manager_salvages_and_flushed_writes_read_back() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let up = start_up(tmp.path(), 3, &[]);
+    let up = start_up(tmp.path(), 3, FULL_DISK_OK);
     let api = up.api.clone();
     let needle = tmp.path().display().to_string();
     wait_nodes(&api, 3);

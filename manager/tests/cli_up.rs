@@ -59,6 +59,9 @@ fn up_serves_the_api_and_the_cli_drives_volumes() {
             "3",
             "--listen",
             "127.0.0.1:0",
+            // Shared CI disks are often fuller than the default allows.
+            "--setting",
+            "storage-minimal-available-percentage=0",
             "--data-dir",
         ])
         .arg(dir.path())
@@ -295,6 +298,7 @@ fn up_serves_the_api_and_the_cli_drives_volumes() {
 fn up_with_a_volume_serves_it_and_ctrl_c_stops_every_process() {
     let dir = tempfile::tempdir().expect("tempdir");
     let needle = dir.path().display().to_string();
+    let _cleanup = common::KillUnder(needle.clone());
     let run = |expect_created: bool| {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -303,9 +307,12 @@ fn up_with_a_volume_serves_it_and_ctrl_c_stops_every_process() {
             .expect("log");
         let mut child = Command::new(ZEBU)
             .args(["up", "--listen", "127.0.0.1:0", "--volume", "vol"])
-            .args(["--volume-size", "64M", "--data-dir"])
+            .args(["--volume-size", "64M"])
+            // Shared CI disks are often fuller than the default allows.
+            .args(["--setting", "storage-minimal-available-percentage=0"])
+            .arg("--data-dir")
             .arg(dir.path())
-            .env("ZEBU_LOG", "zebu_manager=info")
+            .env("ZEBU_LOG", "zebu_manager=debug")
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
@@ -320,9 +327,19 @@ fn up_with_a_volume_serves_it_and_ctrl_c_stops_every_process() {
             }
         });
         let up = Up(child);
+        let log_path = dir.path().join("up.log");
         let next = || {
             rx.recv_timeout(Duration::from_secs(120))
-                .unwrap_or_else(|e| panic!("no line from zebu up: {e}; see up.log"))
+                .unwrap_or_else(|e| {
+                    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                    let tail: Vec<&str> = log
+                        .lines()
+                        .filter(|l| !l.contains("store::embedded"))
+                        .rev()
+                        .take(40)
+                        .collect();
+                    panic!("no line from zebu up: {e}; up.log ends {tail:#?}")
+                })
         };
         let api = next()
             .strip_prefix("zebu API listening on ")

@@ -7,8 +7,9 @@
 //! replica for its Info, is frozen too, so it never says it is ready and the
 //! node agent's start of it hangs until its 60 s ready timeout. `fast` is
 //! attached meanwhile and must be served within seconds, while `slow`'s
-//! engine process is still the same one and still starting. Then both are
-//! let go and `slow` attaches too.
+//! engine process is still the same one and still starting. Then `slow` is
+//! detached while its start hangs (the start is aborted and the frozen
+//! engine stopped), its replica is let go, and it attaches normally.
 //!
 //! Needs `zebu-replica` and `zebu-engine` built next to `zebu`, and
 //! `qemu-io`.
@@ -33,7 +34,7 @@ fn alive(pid: i32) -> bool {
 #[test]
 fn a_hung_engine_start_does_not_delay_attaching_another_volume_on_the_node() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let up = start_up(tmp.path(), 1, &[]);
+    let up = start_up(tmp.path(), 1, FULL_DISK_OK);
     let api = up.api.clone();
     wait_nodes(&api, 1);
     for name in ["slow", "fast"] {
@@ -95,17 +96,22 @@ fn a_hung_engine_start_does_not_delay_attaching_another_volume_on_the_node() {
     qemu_io(&endpoint, "write -P 0x7a 0 4M");
     qemu_io(&endpoint, "read -P 0x7a 0 4M");
 
-    // Let go: slow's start finishes by itself (the same engine process).
-    signal(replica[0], Signal::SIGCONT);
-    signal(engine[0], Signal::SIGCONT);
-    let mut slow_endpoint = String::new();
-    wait_for("slow attached", 60, || {
-        let Some(v) = volume(&api, "slow") else {
-            return false;
-        };
-        slow_endpoint = v["status"]["endpoint"].as_str().unwrap_or("").to_string();
-        v["status"]["state"] == "attached" && !slow_endpoint.is_empty()
+    // Detach slow while its start still hangs: the start is aborted and the
+    // frozen engine stopped (SIGTERM waits in vain, then SIGKILL).
+    ok(&api, &["volume", "detach", "slow"]);
+    let gone = wait_for("slow's engine stopped", 40, || !alive(engine[0]));
+    eprintln!("slow's hung engine stopped {gone:?} after detach");
+    wait_for("slow detached", 20, || {
+        volume(&api, "slow").is_some_and(|v| v["status"]["state"] == "detached")
     });
+    assert!(pids("zebu-engine", "engine-slow-e").is_empty());
+
+    // Let its replica go: slow attaches normally now.
+    signal(replica[0], Signal::SIGCONT);
+    let slow_endpoint = ok(&api, &["volume", "attach", "slow", "--timeout", "60"])
+        .trim()
+        .to_string();
+    assert!(slow_endpoint.ends_with("/slow"), "{slow_endpoint}");
     qemu_io(&slow_endpoint, "write -P 0x11 0 1M");
     qemu_io(&slow_endpoint, "read -P 0x11 0 1M");
     qemu_io(&endpoint, "read -P 0x7a 0 4M");
