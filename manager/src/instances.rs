@@ -589,6 +589,11 @@ impl<S: Store> Instances<S> {
             .filter(|r| r.spec.volume == e.spec.volume)
             .filter_map(|r| Some((r.status.address.as_deref()?, r.metadata.name.as_str())))
             .collect();
+        let pids: BTreeMap<&str, u32> = replicas
+            .iter()
+            .filter(|r| r.spec.volume == e.spec.volume)
+            .filter_map(|r| Some((r.metadata.name.as_str(), r.status.pid?)))
+            .collect();
         let info = match &control {
             Some(c) => engine_rpc::info(c).await.map_err(|err| err.to_string()),
             None => Err("the engine has not printed its control address".to_string()),
@@ -616,6 +621,12 @@ impl<S: Store> Instances<S> {
             _ => e.status.rebuild.clone(),
         };
         self.write_status::<Engine>(&e.metadata.name, |o| {
+            if o.status.pid != Some(pid) {
+                // Another engine process: what the old one took is moot,
+                // and so are the modes it reported.
+                o.status.replica_pids.clear();
+                o.status.replica_modes.clear();
+            }
             o.status.state = EngineState::Running;
             o.status.pid = Some(pid);
             o.status.control_address = control.clone();
@@ -624,13 +635,27 @@ impl<S: Store> Instances<S> {
             match &info {
                 Ok(i) => {
                     o.status.volume_state = Some(i.state.clone());
-                    o.status.replica_modes.clear();
+                    let before = std::mem::take(&mut o.status.replica_modes);
                     o.status.unknown_replicas.clear();
                     for r in &i.replicas {
                         let mode = parse_mode(&r.mode);
                         match by_addr.get(r.address.as_str()) {
                             Some(n) => {
-                                o.status.replica_modes.insert((*n).to_string(), mode);
+                                let name = (*n).to_string();
+                                let was_rw = before.get(&name) == Some(&ReplicaMode::RW);
+                                match (mode, pids.get(*n)) {
+                                    (ReplicaMode::RW, Some(p))
+                                        if !was_rw
+                                            || !o.status.replica_pids.contains_key(&name) =>
+                                    {
+                                        o.status.replica_pids.insert(name.clone(), *p);
+                                    }
+                                    (ReplicaMode::RW, _) => {}
+                                    _ => {
+                                        o.status.replica_pids.remove(&name);
+                                    }
+                                }
+                                o.status.replica_modes.insert(name, mode);
                             }
                             None => {
                                 o.status.unknown_replicas.insert(r.address.clone(), mode);
