@@ -93,7 +93,8 @@ impl<S: Store> NodeAgent<S> {
         }
     }
 
-    /// Create the Node if it is missing, and the disk directories.
+    /// Create the Node if it is missing, and the disk directories; record
+    /// the node's processes that died with the previous agent as stopped.
     pub async fn register(&self) -> Result<(), AgentError> {
         for path in self.cfg.disks.values() {
             std::fs::create_dir_all(path).map_err(|source| AgentError::Disk {
@@ -101,6 +102,9 @@ impl<S: Store> NodeAgent<S> {
                 path: path.clone(),
                 source,
             })?;
+        }
+        if let Err(e) = self.instances.mark_gone_as_stopped().await {
+            tracing::warn!("{e}");
         }
         if self
             .store
@@ -233,28 +237,41 @@ impl<S: Store> NodeAgent<S> {
 
     /// Register, then heartbeat and run the node's processes until `stop`
     /// turns true; then stop the processes (engines first).
-    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), AgentError> {
+    ///
+    /// Heartbeats have a loop of their own beside the reconcile loop: a pass
+    /// that waits (stopping a process that ignores SIGTERM takes the grace
+    /// period) must not make the node look down to the Node controller.
+    pub async fn run(self, stop: watch::Receiver<bool>) -> Result<(), AgentError> {
         self.register().await?;
         tracing::info!(node = %self.cfg.node, address = %self.cfg.address, "node agent started");
-        let mut last_heartbeat: Option<std::time::Instant> = None;
-        loop {
-            if last_heartbeat.is_none_or(|t| t.elapsed() >= self.cfg.heartbeat) {
+        let stopped = |mut rx: watch::Receiver<bool>, every: Duration| async move {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = rx.changed() => {}
+            }
+            *rx.borrow()
+        };
+        let heartbeats = async {
+            loop {
                 if let Err(e) = self.heartbeat().await {
                     tracing::warn!("heartbeat failed: {e}");
                 }
-                last_heartbeat = Some(std::time::Instant::now());
+                if stopped(stop.clone(), self.cfg.heartbeat).await {
+                    break;
+                }
             }
-            if let Err(e) = self.instances.reconcile().await {
-                tracing::warn!("{e}");
+        };
+        let processes = async {
+            loop {
+                if let Err(e) = self.instances.reconcile().await {
+                    tracing::warn!("{e}");
+                }
+                if stopped(stop.clone(), RECONCILE_EVERY).await {
+                    break;
+                }
             }
-            tokio::select! {
-                _ = tokio::time::sleep(RECONCILE_EVERY) => {}
-                _ = stop.changed() => break,
-            }
-            if *stop.borrow() {
-                break;
-            }
-        }
+        };
+        tokio::join!(heartbeats, processes);
         self.instances.stop_all().await;
         tracing::info!(node = %self.cfg.node, "node agent stopped");
         Ok(())

@@ -8,10 +8,15 @@
 //! | DELETE | `/v1/volumes/{name}`              | delete                        |
 //! | POST   | `/v1/volumes/{name}/attach`       | want it attached (`{"node"}`) |
 //! | POST   | `/v1/volumes/{name}/detach`       | want it detached              |
+//! | GET    | `/v1/volumes/{name}/snapshots`    | its snapshots (attached only) |
+//! | POST   | `/v1/volumes/{name}/snapshots`    | take one (`{"name"}`, optional) |
+//! | DELETE | `/v1/volumes/{name}/snapshots/{s}`| delete one                    |
 //! | GET    | `/v1/nodes`                       | list nodes                    |
 //!
 //! Handlers only validate and write `spec` through the [`Store`];
-//! controllers and node agents make it so and write `status`. Every error
+//! controllers and node agents make it so and write `status`. Snapshots
+//! are the exception: they live in the replicas, so their handlers ask the
+//! volume's running engine, and a detached volume has none to ask. Every error
 //! is `{"error": "..."}` with a 4xx status for the caller's mistakes
 //! (400 invalid, 404 missing, 409 exists/conflict) and 5xx for ours.
 //! Lists are `{"items": [...]}` as in Kubernetes.
@@ -30,7 +35,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::resources::{
-    DataLocality, Frontend, Kind, Node, Replica, Resource, Setting, Volume, VolumeSpec,
+    DataLocality, Engine, EngineState, Frontend, Kind, Node, Replica, Resource, Setting, Volume,
+    VolumeSpec,
 };
 use crate::scheduler::{ScheduleRequest, schedule};
 use crate::settings::Settings;
@@ -154,11 +160,11 @@ pub fn router<S: Store>(store: Arc<S>) -> Router {
         .route("/v1/volumes/{name}/detach", post(detach_volume::<S>))
         .route(
             "/v1/volumes/{name}/snapshots",
-            get(snapshots_not_ready).post(snapshots_not_ready),
+            get(list_snapshots::<S>).post(create_snapshot::<S>),
         )
         .route(
             "/v1/volumes/{name}/snapshots/{snapshot}",
-            axum::routing::delete(snapshots_not_ready),
+            axum::routing::delete(delete_snapshot::<S>),
         )
         .route("/v1/nodes", get(list_nodes::<S>))
         .fallback(|| async {
@@ -405,9 +411,107 @@ async fn detach_volume<S: Store>(
     Ok(Json(v))
 }
 
-async fn snapshots_not_ready() -> ApiError {
+/// The control address of the running engine of volume `name`.
+async fn engine_control<S: Store>(store: &S, name: &str) -> ApiResult<String> {
+    load_volume(store, name).await?;
+    let engines = store.list_as::<Engine>().await?;
+    engines
+        .iter()
+        .filter(|e| e.spec.volume == name && e.metadata.deletion_timestamp.is_none())
+        .filter(|e| e.status.state == EngineState::Running)
+        .find_map(|e| e.status.control_address.clone())
+        .ok_or_else(|| ApiError {
+            status: StatusCode::CONFLICT,
+            message: format!(
+                "volume {name:?} is not attached: snapshots are taken by its engine (zebu volume attach {name})"
+            ),
+        })
+}
+
+fn engine_error(volume: &str, e: crate::engine_rpc::EngineRpcError) -> ApiError {
+    use crate::engine_rpc::EngineRpcError;
+    let status = match e {
+        // The engine refused (no such snapshot, a name taken): the caller's.
+        EngineRpcError::Call { .. } => StatusCode::CONFLICT,
+        _ => StatusCode::BAD_GATEWAY,
+    };
     ApiError {
-        status: StatusCode::NOT_IMPLEMENTED,
-        message: "snapshots are not available yet: they need the engine's control API".into(),
+        status,
+        message: format!("volume {volume:?}: {e}"),
     }
+}
+
+/// `{"items": [...]}` of the engine's snapshots, without its live head.
+fn snapshot_items(s: zebu_proto::engine::Snapshots) -> Value {
+    let items: Vec<Value> = s
+        .snapshots
+        .into_iter()
+        .filter(|s| !s.head)
+        .map(|s| {
+            json!({
+                "name": s.name,
+                "parent": s.parent,
+                "userCreated": s.user_created,
+                "created": s.created,
+                "dataBytes": s.data_bytes,
+                "labels": s.labels,
+            })
+        })
+        .collect();
+    json!({ "items": items })
+}
+
+/// The body of `POST /v1/volumes/{name}/snapshots`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+async fn list_snapshots<S: Store>(
+    State(store): State<Arc<S>>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let control = engine_control(&*store, &name).await?;
+    let s = crate::engine_rpc::snapshot_list(&control)
+        .await
+        .map_err(|e| engine_error(&name, e))?;
+    Ok(Json(snapshot_items(s)))
+}
+
+async fn create_snapshot<S: Store>(
+    State(store): State<Arc<S>>,
+    Path(name): Path<String>,
+    body: Option<Json<CreateSnapshot>>,
+) -> ApiResult<Json<Value>> {
+    let req = body.map(|Json(b)| b).unwrap_or_default();
+    // Unnamed snapshots are named after the moment they were asked for.
+    let snapshot = req.name.unwrap_or_else(|| {
+        let t = crate::time::now_rfc3339().replace([':', '-'], "");
+        format!(
+            "snap-{}",
+            t.trim_end_matches('Z').replace('T', "-").to_lowercase()
+        )
+    });
+    validate_name(&snapshot)
+        .map_err(|e| ApiError::bad_request(format!("snapshot name {snapshot:?}: {e}")))?;
+    let control = engine_control(&*store, &name).await?;
+    let s = crate::engine_rpc::snapshot_create(&control, &snapshot)
+        .await
+        .map_err(|e| engine_error(&name, e))?;
+    tracing::info!(volume = %name, snapshot = %snapshot, "snapshot taken");
+    Ok(Json(snapshot_items(s)))
+}
+
+async fn delete_snapshot<S: Store>(
+    State(store): State<Arc<S>>,
+    Path((name, snapshot)): Path<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    let control = engine_control(&*store, &name).await?;
+    let s = crate::engine_rpc::snapshot_delete(&control, &snapshot)
+        .await
+        .map_err(|e| engine_error(&name, e))?;
+    tracing::info!(volume = %name, snapshot = %snapshot, "snapshot deleted");
+    Ok(Json(snapshot_items(s)))
 }

@@ -65,6 +65,13 @@ pub enum Command {
         /// `storage-minimal-available-percentage=10` (repeatable).
         #[arg(long = "setting", value_name = "NAME=VALUE")]
         settings: Vec<String>,
+        /// Also create this volume (if it does not exist yet) with up to 3
+        /// replicas, attach it over NBD on node-1 and print its endpoint.
+        #[arg(long, value_name = "NAME")]
+        volume: Option<String>,
+        /// The size `--volume` is created with.
+        #[arg(long, default_value = "10G", value_name = "SIZE")]
+        volume_size: ByteSize,
     },
     /// Nodes.
     #[command(subcommand)]
@@ -203,7 +210,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             data_dir,
             listen,
             settings,
-        } => up(nodes, data_dir, listen, &settings).await,
+            volume,
+            volume_size,
+        } => {
+            let volume = volume.map(|name| UpVolume {
+                name,
+                size: volume_size,
+                replicas: u32::from(nodes).min(3),
+            });
+            up(nodes, data_dir, listen, &settings, volume).await
+        }
         Command::Node(NodeCmd::Ls) => {
             let v = client.call(Method::GET, "/v1/nodes", None).await?;
             print_items(out, &v, node_table)
@@ -235,8 +251,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     None,
                 ),
             };
+            // Every snapshot call answers with the volume's snapshots now.
             let v = client.call(method, &path, body.as_ref()).await?;
-            print_value(out, &v)
+            print_items(out, &v, snapshot_table)
         }
     }
 }
@@ -478,6 +495,7 @@ fn volume_table(items: &[Value]) -> anyhow::Result<String> {
                 .unwrap_or("")
                 .to_string(),
             v.spec.node_id.clone().unwrap_or_else(|| "-".into()),
+            v.status.endpoint.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
     Ok(render(
@@ -489,9 +507,29 @@ fn volume_table(items: &[Value]) -> anyhow::Result<String> {
             "STATE",
             "ROBUSTNESS",
             "NODE",
+            "ENDPOINT",
         ],
         rows,
     ))
+}
+
+fn snapshot_table(items: &[Value]) -> anyhow::Result<String> {
+    let text = |v: &Value| match v.as_str() {
+        Some("") | None => "-".to_string(),
+        Some(s) => s.to_string(),
+    };
+    let rows = items
+        .iter()
+        .map(|s| {
+            vec![
+                text(&s["name"]),
+                text(&s["parent"]),
+                text(&s["created"]),
+                ByteSize(s["dataBytes"].as_u64().unwrap_or(0)).approx(),
+            ]
+        })
+        .collect();
+    Ok(render(&["NAME", "PARENT", "CREATED", "DATA"], rows))
 }
 
 fn node_table(items: &[Value]) -> anyhow::Result<String> {
@@ -519,12 +557,90 @@ fn node_table(items: &[Value]) -> anyhow::Result<String> {
     ))
 }
 
+/// The volume `zebu up --volume` provides.
+#[derive(Debug, Clone)]
+struct UpVolume {
+    name: String,
+    size: ByteSize,
+    replicas: u32,
+}
+
+/// How long `zebu up --volume` waits for the nodes' first heartbeats.
+const NODES_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `zebu up --volume` waits for its volume to be served.
+const UP_VOLUME_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Create `vol` unless it exists (its data survives a restart of `zebu up`),
+/// attach it on node-1 unless it is attached, and print its endpoint once it
+/// is served. Goes through the cluster's own API, so the same checks apply
+/// as to `zebu volume create`.
+async fn provide_volume(api: SocketAddr, nodes: u8, vol: UpVolume) -> anyhow::Result<String> {
+    let client = Client::new(&format!("http://{api}"));
+    // The scheduler places replicas only on nodes that reported their disks:
+    // wait for every node's first heartbeat.
+    let deadline = tokio::time::Instant::now() + NODES_READY_TIMEOUT;
+    loop {
+        let list = client.call(Method::GET, "/v1/nodes", None).await?;
+        let items: Vec<Node> =
+            serde_json::from_value(list["items"].clone()).context("decoding the node list")?;
+        let ready = items.iter().filter(|n| n.is_ready()).count();
+        if ready >= usize::from(nodes) {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "only {ready} of {nodes} nodes ready after {} s",
+                NODES_READY_TIMEOUT.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let path = format!("/v1/volumes/{}", vol.name);
+    let existing = match client.call(Method::GET, &path, None).await {
+        Ok(v) => Some(v),
+        Err(crate::client::ClientError::Api { status, .. })
+            if status == hyper::StatusCode::NOT_FOUND =>
+        {
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let v = match existing {
+        Some(v) => v,
+        None => {
+            let body = json!({
+                "name": vol.name,
+                "size": vol.size.bytes(),
+                "numberOfReplicas": vol.replicas,
+                "frontend": Frontend::Nbd,
+            });
+            client
+                .call(Method::POST, "/v1/volumes", Some(&body))
+                .await
+                .with_context(|| format!("creating volume {}", vol.name))?
+        }
+    };
+    if v["spec"]["nodeId"].is_null() {
+        client
+            .call(
+                Method::POST,
+                &format!("{path}/attach"),
+                Some(&json!({ "node": "node-1" })),
+            )
+            .await
+            .with_context(|| format!("attaching volume {}", vol.name))?;
+    }
+    let v = wait_attached(&client, &vol.name, UP_VOLUME_TIMEOUT).await?;
+    Ok(v["status"]["endpoint"].as_str().unwrap_or("").to_string())
+}
+
 /// `zebu up`: the store, the API and the node agents, until Ctrl-C/SIGTERM.
 async fn up(
     nodes: u8,
     data_dir: PathBuf,
     listen: SocketAddr,
     settings: &[String],
+    volume: Option<UpVolume>,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("creating data dir {}", data_dir.display()))?;
@@ -590,6 +706,16 @@ async fn up(
         .collect();
     let agents = Arc::new(LocalAgents::new(store.clone(), configs));
     agents.start_all().await.context("registering the nodes")?;
+    // One pass before the API answers, so volume status left from before a
+    // restart (an endpoint whose engine is gone) is not shown as current.
+    // It runs before the controller loop starts: two passes at once could
+    // both schedule the same missing replica.
+    if let Err(e) = crate::controller::volume::VolumeController::new(store.clone())
+        .pass()
+        .await
+    {
+        tracing::warn!("volume controller: {e}");
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let controllers = tokio::spawn(crate::controller::run(store.clone(), stop_rx));
     // Whoever started us may stop reading our output (a closed pipe): the
@@ -602,10 +728,29 @@ async fn up(
         tracing::warn!("cannot write to stdout: {e}");
     }
     let app = crate::api::router(store.clone()).merge(crate::standalone::router(agents.clone()));
+    let provider = volume.map(|vol| {
+        tokio::spawn(async move {
+            let name = vol.name.clone();
+            match provide_volume(addr, nodes, vol).await {
+                Ok(endpoint) => {
+                    if let Err(e) = emit(&format!("volume {name} attached: {endpoint}\n")) {
+                        tracing::warn!("cannot write to stdout: {e}");
+                    }
+                }
+                // The cluster runs on; the user can look with `zebu volume get`.
+                Err(e) => {
+                    let _ = writeln!(std::io::stderr(), "zebu: volume {name}: {e:#}");
+                }
+            }
+        })
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("serving the API")?;
+    if let Some(p) = provider {
+        p.abort();
+    }
     let _ = stop_tx.send(true);
     if let Err(e) = controllers.await {
         tracing::warn!("controller task failed: {e}");

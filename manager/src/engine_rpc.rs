@@ -8,6 +8,9 @@ use zebu_proto::engine as pb;
 use zebu_proto::engine::engine_client::EngineClient;
 
 const RPC_TIMEOUT: Duration = Duration::from_secs(3);
+/// A snapshot quiesces I/O and asks every replica to freeze its head;
+/// deleting one merges layers. Both take longer than a status call.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineRpcError {
@@ -51,7 +54,16 @@ async fn bounded<T>(
     call: &'static str,
     fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 ) -> Result<T, EngineRpcError> {
-    match tokio::time::timeout(RPC_TIMEOUT, fut).await {
+    bounded_by(RPC_TIMEOUT, addr, call, fut).await
+}
+
+async fn bounded_by<T>(
+    limit: Duration,
+    addr: &str,
+    call: &'static str,
+    fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, EngineRpcError> {
+    match tokio::time::timeout(limit, fut).await {
         Ok(Ok(r)) => Ok(r.into_inner()),
         Ok(Err(s)) => Err(EngineRpcError::Call {
             addr: addr.to_string(),
@@ -61,7 +73,7 @@ async fn bounded<T>(
         Err(_) => Err(EngineRpcError::Timeout {
             addr: addr.to_string(),
             call,
-            secs: RPC_TIMEOUT.as_secs(),
+            secs: limit.as_secs(),
         }),
     }
 }
@@ -95,6 +107,48 @@ pub async fn rebuild_status(addr: &str) -> Result<pb::RebuildStatusResponse, Eng
         addr,
         "RebuildStatus",
         c.rebuild_status(pb::RebuildStatusRequest {}),
+    )
+    .await
+}
+
+/// Take a snapshot of the volume on every replica.
+pub async fn snapshot_create(addr: &str, name: &str) -> Result<pb::Snapshots, EngineRpcError> {
+    let mut c = connect(addr).await?;
+    let req = pb::SnapshotCreateRequest {
+        name: name.to_string(),
+        labels: Default::default(),
+    };
+    bounded_by(
+        SNAPSHOT_TIMEOUT,
+        addr,
+        "SnapshotCreate",
+        c.snapshot_create(req),
+    )
+    .await
+}
+
+/// The volume's snapshots (and its live head), oldest first.
+pub async fn snapshot_list(addr: &str) -> Result<pb::Snapshots, EngineRpcError> {
+    let mut c = connect(addr).await?;
+    bounded(
+        addr,
+        "SnapshotList",
+        c.snapshot_list(pb::SnapshotListRequest {}),
+    )
+    .await
+}
+
+/// Delete a snapshot (its data merges into its child).
+pub async fn snapshot_delete(addr: &str, name: &str) -> Result<pb::Snapshots, EngineRpcError> {
+    let mut c = connect(addr).await?;
+    let req = pb::SnapshotDeleteRequest {
+        name: name.to_string(),
+    };
+    bounded_by(
+        SNAPSHOT_TIMEOUT,
+        addr,
+        "SnapshotDelete",
+        c.snapshot_delete(req),
     )
     .await
 }

@@ -16,6 +16,16 @@
 //!                                                 start, status Running or Error
 //! ```
 //!
+//! **Starts run on their own.** Starting a process waits for its ready line,
+//! which for an engine can take as long as its replicas take to answer (up
+//! to a minute). So each start is a task of its own: the pass writes
+//! `Starting` to the store (the decision is recorded before anyone acts on
+//! it), spawns the task and moves on to the node's other objects; the task
+//! writes `Running` or `Error` when the process is ready or has failed. An
+//! object with a start in flight is left alone by later passes, except that
+//! a delete aborts the start first (a process the task already spawned is
+//! then found by its command line and stopped like any other).
+//!
 //! Processes are found by command line ([`crate::process::find`]), so after a
 //! crash or restart of the manager the ones still running are adopted, and a
 //! process started just before a crash is never started a second time. A
@@ -30,9 +40,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::Mutex as SyncMutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
 
 use crate::engine_rpc;
 use crate::process::{self, Identity, Launch};
@@ -70,7 +82,11 @@ pub enum InstanceError {
     },
 }
 
-/// Runs the processes of one node.
+/// A start in flight, by the kind and name of its object.
+type StartKey = (&'static str, String);
+
+/// Runs the processes of one node. Cloning is cheap and shares everything
+/// (a start task holds a clone).
 pub struct Instances<S> {
     store: Arc<S>,
     node: String,
@@ -78,7 +94,24 @@ pub struct Instances<S> {
     log_dir: PathBuf,
     grace: Duration,
     /// Object name -> earliest next start attempt, after a failed start.
-    backoff: Mutex<HashMap<String, Instant>>,
+    backoff: Arc<Mutex<HashMap<String, Instant>>>,
+    /// Starts in flight. Only the agent's pass adds or removes entries; a
+    /// finished task is removed on the next pass.
+    starts: Arc<SyncMutex<HashMap<StartKey, JoinHandle<()>>>>,
+}
+
+impl<S> Clone for Instances<S> {
+    fn clone(&self) -> Self {
+        Instances {
+            store: self.store.clone(),
+            node: self.node.clone(),
+            address: self.address.clone(),
+            log_dir: self.log_dir.clone(),
+            grace: self.grace,
+            backoff: self.backoff.clone(),
+            starts: self.starts.clone(),
+        }
+    }
 }
 
 pub fn replica_identity(r: &Replica) -> Identity {
@@ -86,14 +119,22 @@ pub fn replica_identity(r: &Replica) -> Identity {
         binary: "zebu-replica".into(),
         args: vec![("--dir".into(), r.spec.data_path.clone())],
         prefixed: vec![],
+        // `--dir` is an absolute path in this cluster's data directory.
+        stdout: None,
     }
 }
 
-pub fn engine_identity(e: &Engine, node_address: &str) -> Identity {
+/// Where an engine's stdout goes, in the node's log directory.
+pub fn engine_stdout(e: &Engine, log_dir: &Path) -> PathBuf {
+    log_dir.join(format!("engine-{}.out", e.metadata.name))
+}
+
+pub fn engine_identity(e: &Engine, node_address: &str, log_dir: &Path) -> Identity {
     Identity {
         binary: "zebu-engine".into(),
         args: vec![("--volume".into(), e.spec.volume.clone())],
         prefixed: vec![("--control".into(), format!("{node_address}:"))],
+        stdout: Some(engine_stdout(e, log_dir)),
     }
 }
 
@@ -118,8 +159,56 @@ impl<S: Store> Instances<S> {
             address,
             log_dir,
             grace: Duration::from_secs(10),
-            backoff: Mutex::new(HashMap::new()),
+            backoff: Arc::new(Mutex::new(HashMap::new())),
+            starts: Arc::new(SyncMutex::new(HashMap::new())),
         }
+    }
+
+    fn lock_starts(&self) -> std::sync::MutexGuard<'_, HashMap<StartKey, JoinHandle<()>>> {
+        // A panic while holding this lock leaves the map itself intact.
+        self.starts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a start of this object is still in flight (forgetting those
+    /// that have finished).
+    fn start_in_flight(&self, kind: &'static str, name: &str) -> bool {
+        let mut starts = self.lock_starts();
+        let key = (kind, name.to_string());
+        match starts.get(&key) {
+            Some(task) if !task.is_finished() => true,
+            Some(_) => {
+                starts.remove(&key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Abort a start in flight and wait until its task is gone, so it can
+    /// spawn nothing more; a process it already spawned is still running
+    /// and is found by its command line.
+    async fn abort_start(&self, kind: &'static str, name: &str) {
+        let task = self.lock_starts().remove(&(kind, name.to_string()));
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+            tracing::info!(node = %self.node, kind, name, "start aborted");
+        }
+    }
+
+    /// Run `start` as a task of its own; see the module docs.
+    fn spawn_start<F>(&self, kind: &'static str, name: &str, start: F)
+    where
+        F: Future<Output = Result<(), InstanceError>> + Send + 'static,
+    {
+        let what = format!("{kind} {name}");
+        let task = tokio::spawn(async move {
+            tracing::debug!("{what}: start task running");
+            if let Err(e) = start.await {
+                tracing::warn!("{what}: {e}");
+            }
+        });
+        self.lock_starts().insert((kind, name.to_string()), task);
     }
 
     fn err(&self, source: StoreError) -> InstanceError {
@@ -218,6 +307,11 @@ impl<S: Store> Instances<S> {
     async fn reconcile_replica(&self, r: &Replica) -> Result<(), InstanceError> {
         let name = &r.metadata.name;
         let id = replica_identity(r);
+        if r.metadata.deletion_timestamp.is_some() {
+            self.abort_start("replica", name).await;
+        } else if self.start_in_flight("replica", name) {
+            return Ok(());
+        }
         let running = process::find(&id, r.status.pid);
         if r.metadata.deletion_timestamp.is_some() {
             if let Some(pid) = running {
@@ -297,6 +391,16 @@ impl<S: Store> Instances<S> {
             },
             Err(e) => return self.replica_failed(name, &e.to_string(), false).await,
         };
+        let me = self.clone();
+        let owned = name.clone();
+        self.spawn_start("replica", name, async move {
+            me.launch_replica(&owned, launch).await
+        });
+        Ok(())
+    }
+
+    /// The start task of a replica: launch, then record the outcome.
+    async fn launch_replica(&self, name: &str, launch: Launch) -> Result<(), InstanceError> {
         match process::launch(&launch).await {
             Ok(started) => {
                 let address = started.announced.get("listening").cloned();
@@ -346,7 +450,12 @@ impl<S: Store> Instances<S> {
         replicas: &[Replica],
     ) -> Result<(), InstanceError> {
         let name = &e.metadata.name;
-        let id = engine_identity(e, &self.address);
+        let id = engine_identity(e, &self.address, &self.log_dir);
+        if e.metadata.deletion_timestamp.is_some() {
+            self.abort_start("engine", name).await;
+        } else if self.start_in_flight("engine", name) {
+            return Ok(());
+        }
         let running = process::find(&id, e.status.pid);
         if e.metadata.deletion_timestamp.is_some() {
             if let Some(pid) = running {
@@ -354,7 +463,7 @@ impl<S: Store> Instances<S> {
             }
             return self.drop_finalizer::<Engine>(name, ENGINE_FINALIZER).await;
         }
-        let stdout = self.log_dir.join(format!("engine-{name}.out"));
+        let stdout = engine_stdout(e, &self.log_dir);
         if let Some(pid) = running {
             return self.observe_engine(e, pid, &stdout, replicas).await;
         }
@@ -382,13 +491,22 @@ impl<S: Store> Instances<S> {
             ready_prefix: "ready".into(),
             timeout: ENGINE_READY_TIMEOUT,
         };
-        match process::launch(&launch).await {
-            Ok(started) => {
-                tracing::info!(engine = %name, pid = started.pid, "engine running");
-                self.observe_engine(e, started.pid, &stdout, replicas).await
+        let me = self.clone();
+        let (engine, replicas) = (e.clone(), replicas.to_vec());
+        self.spawn_start("engine", name, async move {
+            match process::launch(&launch).await {
+                Ok(started) => {
+                    tracing::info!(engine = %engine.metadata.name, pid = started.pid, "engine running");
+                    me.observe_engine(&engine, started.pid, &stdout, &replicas)
+                        .await
+                }
+                Err(err) => {
+                    me.engine_failed(&engine.metadata.name, &err.to_string())
+                        .await
+                }
             }
-            Err(err) => self.engine_failed(name, &err.to_string()).await,
-        }
+        });
+        Ok(())
     }
 
     fn engine_args(&self, e: &Engine) -> Vec<String> {
@@ -471,6 +589,11 @@ impl<S: Store> Instances<S> {
             .filter(|r| r.spec.volume == e.spec.volume)
             .filter_map(|r| Some((r.status.address.as_deref()?, r.metadata.name.as_str())))
             .collect();
+        let pids: BTreeMap<&str, u32> = replicas
+            .iter()
+            .filter(|r| r.spec.volume == e.spec.volume)
+            .filter_map(|r| Some((r.metadata.name.as_str(), r.status.pid?)))
+            .collect();
         let info = match &control {
             Some(c) => engine_rpc::info(c).await.map_err(|err| err.to_string()),
             None => Err("the engine has not printed its control address".to_string()),
@@ -498,6 +621,12 @@ impl<S: Store> Instances<S> {
             _ => e.status.rebuild.clone(),
         };
         self.write_status::<Engine>(&e.metadata.name, |o| {
+            if o.status.pid != Some(pid) {
+                // Another engine process: what the old one took is moot,
+                // and so are the modes it reported.
+                o.status.replica_pids.clear();
+                o.status.replica_modes.clear();
+            }
             o.status.state = EngineState::Running;
             o.status.pid = Some(pid);
             o.status.control_address = control.clone();
@@ -506,13 +635,27 @@ impl<S: Store> Instances<S> {
             match &info {
                 Ok(i) => {
                     o.status.volume_state = Some(i.state.clone());
-                    o.status.replica_modes.clear();
+                    let before = std::mem::take(&mut o.status.replica_modes);
                     o.status.unknown_replicas.clear();
                     for r in &i.replicas {
                         let mode = parse_mode(&r.mode);
                         match by_addr.get(r.address.as_str()) {
                             Some(n) => {
-                                o.status.replica_modes.insert((*n).to_string(), mode);
+                                let name = (*n).to_string();
+                                let was_rw = before.get(&name) == Some(&ReplicaMode::RW);
+                                match (mode, pids.get(*n)) {
+                                    (ReplicaMode::RW, Some(p))
+                                        if !was_rw
+                                            || !o.status.replica_pids.contains_key(&name) =>
+                                    {
+                                        o.status.replica_pids.insert(name.clone(), *p);
+                                    }
+                                    (ReplicaMode::RW, _) => {}
+                                    _ => {
+                                        o.status.replica_pids.remove(&name);
+                                    }
+                                }
+                                o.status.replica_modes.insert(name, mode);
                             }
                             None => {
                                 o.status.unknown_replicas.insert(r.address.clone(), mode);
@@ -560,6 +703,7 @@ impl<S: Store> Instances<S> {
                 binary: "zebu-replica".into(),
                 args: vec![("--dir".into(), path.clone())],
                 prefixed: vec![],
+                stdout: None,
             };
             if known || process::find(&id, None).is_some() {
                 continue;
@@ -574,15 +718,66 @@ impl<S: Store> Instances<S> {
         Ok(())
     }
 
+    /// Record as `Stopped` every object of this node that the store says
+    /// runs but whose process is gone (the manager and its processes were
+    /// killed, or the host rebooted). Run before anything reads the store
+    /// after a start, so no one takes a dead engine's old endpoint for a
+    /// served volume; the agent's passes then start them again.
+    pub async fn mark_gone_as_stopped(&self) -> Result<(), InstanceError> {
+        let replicas: Vec<Replica> = self.store.list_as().await.map_err(|e| self.err(e))?;
+        for r in replicas.iter().filter(|r| r.spec.node == self.node) {
+            if r.status.state == ReplicaState::Running
+                && process::find(&replica_identity(r), r.status.pid).is_none()
+            {
+                self.write_status::<Replica>(&r.metadata.name, |o| {
+                    o.status.state = ReplicaState::Stopped;
+                    o.status.pid = None;
+                })
+                .await?;
+            }
+        }
+        let engines: Vec<Engine> = self.store.list_as().await.map_err(|e| self.err(e))?;
+        for e in engines.iter().filter(|e| e.spec.node == self.node) {
+            if e.status.state == EngineState::Running
+                && process::find(
+                    &engine_identity(e, &self.address, &self.log_dir),
+                    e.status.pid,
+                )
+                .is_none()
+            {
+                self.write_status::<Engine>(&e.metadata.name, |o| {
+                    o.status.state = EngineState::Stopped;
+                    o.status.pid = None;
+                })
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Stop every process of this node (engines first, so they flush to
-    /// their replicas), leaving the objects as they are: the next start of
-    /// the agent finds the processes gone and starts them again.
+    /// their replicas) and record them as `Stopped`, keeping their
+    /// addresses: the next start of the agent starts them again where they
+    /// were.
     pub async fn stop_all(&self) {
+        // No start may spawn anything after this point.
+        let starts: Vec<JoinHandle<()>> = self.lock_starts().drain().map(|(_, t)| t).collect();
+        for task in starts {
+            task.abort();
+            let _ = task.await;
+        }
         if let Ok(engines) = self.store.list_as::<Engine>().await {
             for e in engines.iter().filter(|e| e.spec.node == self.node) {
-                let id = engine_identity(e, &self.address);
+                let id = engine_identity(e, &self.address, &self.log_dir);
                 if let Some(pid) = process::find(&id, e.status.pid) {
                     process::stop(pid, &id, self.grace).await;
+                }
+                let stopped = self.write_status::<Engine>(&e.metadata.name, |o| {
+                    o.status.state = EngineState::Stopped;
+                    o.status.pid = None;
+                });
+                if let Err(err) = stopped.await {
+                    tracing::warn!(engine = %e.metadata.name, "{err}");
                 }
             }
         }
@@ -591,6 +786,13 @@ impl<S: Store> Instances<S> {
                 let id = replica_identity(r);
                 if let Some(pid) = process::find(&id, r.status.pid) {
                     process::stop(pid, &id, self.grace).await;
+                }
+                let stopped = self.write_status::<Replica>(&r.metadata.name, |o| {
+                    o.status.state = ReplicaState::Stopped;
+                    o.status.pid = None;
+                });
+                if let Err(err) = stopped.await {
+                    tracing::warn!(replica = %r.metadata.name, "{err}");
                 }
             }
         }

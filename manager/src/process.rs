@@ -12,7 +12,8 @@
 //! - **A process is identified by its command line**, never by a pid alone.
 //!   [`find`] scans `/proc/*/cmdline` for the binary and the arguments that
 //!   make the process unique (`--dir` for a replica, `--volume` plus the
-//!   node's control host for an engine). So a process started just before a
+//!   node's control host for an engine, and the file its stdout goes to,
+//!   which is in this cluster's data directory). So a process started just before a
 //!   crash, whose pid never reached the store, is still found and adopted
 //!   instead of being started twice; and a recycled pid is never mistaken
 //!   for ours. A zombie has an empty cmdline and so counts as gone.
@@ -88,6 +89,12 @@ pub struct Identity {
     pub args: Vec<(String, String)>,
     /// `(flag, prefix)`: the flag's value must start with the prefix.
     pub prefixed: Vec<(String, String)>,
+    /// The file its stdout goes to, when the command line alone could name
+    /// a process of another cluster on the same host (an engine's
+    /// arguments name its volume and node address, but two `zebu up` with
+    /// different data directories can both have a volume `vol` on
+    /// 127.0.0.11). The file lives in this cluster's data directory.
+    pub stdout: Option<PathBuf>,
 }
 
 impl Identity {
@@ -129,6 +136,9 @@ fn cmdline(pid: u32) -> Option<Vec<String>> {
 /// Whether `pid` is alive and is the process `id` describes.
 pub fn is_running(pid: u32, id: &Identity) -> bool {
     cmdline(pid).is_some_and(|argv| id.matches(&argv))
+        && id.stdout.as_ref().is_none_or(|want| {
+            std::fs::read_link(format!("/proc/{pid}/fd/1")).is_ok_and(|got| got == *want)
+        })
 }
 
 /// The pid of the running process `id` describes, trying `hint` (the pid the
@@ -310,6 +320,7 @@ mod tests {
             binary: "zebu-replica".into(),
             args: vec![("--dir".into(), "/d/r1".into())],
             prefixed: vec![("--listen".into(), "127.0.0.11:".into())],
+            stdout: None,
         };
         let argv = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
         assert!(id.matches(&argv(
@@ -352,12 +363,19 @@ mod tests {
             binary: "sleep".into(),
             args: vec![],
             prefixed: vec![],
+            stdout: Some(l.stdout.clone()),
         };
         let deadline = Instant::now() + Duration::from_secs(5);
         while !is_running(started.pid, &id) {
             assert!(Instant::now() < deadline, "sleep never ran");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // The same command line writing elsewhere is another cluster's.
+        let elsewhere = Identity {
+            stdout: Some(dir.path().join("other.out")),
+            ..id.clone()
+        };
+        assert!(!is_running(started.pid, &elsewhere));
         stop(started.pid, &id, Duration::from_secs(5)).await;
         assert!(!is_running(started.pid, &id));
     }

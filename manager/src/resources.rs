@@ -424,6 +424,12 @@ pub struct EngineStatus {
     /// Replica name -> mode, as the engine reports it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub replica_modes: BTreeMap<String, ReplicaMode>,
+    /// Replica name -> pid of the replica process when this engine process
+    /// was first seen taking it as RW. A replica whose pid differs has been
+    /// restarted since, and the engine has not noticed yet (it does at its
+    /// next I/O): its RW is stale, so the volume is not Healthy.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub replica_pids: BTreeMap<String, u32>,
     /// Replica address -> mode, for addresses the engine has that no
     /// Replica object names (left over from a replaced replica).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

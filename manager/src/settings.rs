@@ -26,6 +26,10 @@ pub struct Settings {
     /// replica whose node is down is waited for before a replacement is
     /// scheduled on another node.
     pub stale_replica_timeout: u64,
+    /// `node-down-after` (seconds): a node whose agent has written no
+    /// heartbeat for this long is marked not Ready. Agents beat every 2 s,
+    /// so anything shorter than a few beats would flap on a busy host.
+    pub node_down_after: u64,
 }
 
 /// The minimal-available percentage `zebu up` stores when none is set.
@@ -47,6 +51,7 @@ impl Default for Settings {
             storage_minimal_available_percentage: 25,
             default_replica_count: 3,
             stale_replica_timeout: 2880,
+            node_down_after: 10,
         }
     }
 }
@@ -115,6 +120,13 @@ impl Settings {
                     .filter(|n| (1..=7 * 24 * 3600).contains(n))
                     .ok_or_else(|| invalid("expected seconds, 1 to 604800"))?
             }
+            "node-down-after" => {
+                self.node_down_after = value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| (3..=3600).contains(n))
+                    .ok_or_else(|| invalid("expected seconds, 3 to 3600"))?
+            }
             _ => return Err(SettingError::Unknown(name.to_string())),
         }
         Ok(())
@@ -146,6 +158,13 @@ mod tests {
             s.set("storage-minimal-available-percentage", "101")
                 .is_err()
         );
+        s.set("node-down-after", "30").expect("valid");
+        assert_eq!(s.node_down_after, 30);
+        let e = s
+            .set("node-down-after", "1")
+            .expect_err("below a heartbeat");
+        assert!(e.to_string().contains("3 to 3600"), "{e}");
+        assert_eq!(Settings::default().node_down_after, 10);
         assert_eq!(
             s.set("nope", "1"),
             Err(SettingError::Unknown("nope".into()))

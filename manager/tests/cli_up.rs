@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod common;
+
 const ZEBU: &str = env!("CARGO_BIN_EXE_zebu");
 
 struct Up(Child);
@@ -57,6 +59,9 @@ fn up_serves_the_api_and_the_cli_drives_volumes() {
             "3",
             "--listen",
             "127.0.0.1:0",
+            // Shared CI disks are often fuller than the default allows.
+            "--setting",
+            "storage-minimal-available-percentage=0",
             "--data-dir",
         ])
         .arg(dir.path())
@@ -283,4 +288,157 @@ fn up_serves_the_api_and_the_cli_drives_volumes() {
     let (code, err) = fails(&api, &["volume", "ls"]);
     assert_eq!(code, 1);
     assert!(err.contains("cannot reach the zebu API"), "{err}");
+}
+
+/// `zebu up --volume` as the README's main job runs it: the volume is
+/// created and attached by itself and its endpoint printed; Ctrl-C stops
+/// every process; the next `zebu up` brings the same volume back, with its
+/// data, at the same endpoint.
+#[test]
+fn up_with_a_volume_serves_it_and_ctrl_c_stops_every_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let needle = dir.path().display().to_string();
+    let _cleanup = common::KillUnder(needle.clone());
+    let run = |expect_created: bool| {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.path().join("up.log"))
+            .expect("log");
+        let mut child = Command::new(ZEBU)
+            .args(["up", "--listen", "127.0.0.1:0", "--volume", "vol"])
+            .args(["--volume-size", "64M"])
+            // Shared CI disks are often fuller than the default allows.
+            .args(["--setting", "storage-minimal-available-percentage=0"])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .env("ZEBU_LOG", "zebu_manager=debug")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn zebu up");
+        // Lines through a channel, so a line that never comes fails the
+        // test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().expect("stdout");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let up = Up(child);
+        let log_path = dir.path().join("up.log");
+        let next = || {
+            rx.recv_timeout(Duration::from_secs(120))
+                .unwrap_or_else(|e| {
+                    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                    let tail: Vec<&str> = log
+                        .lines()
+                        .filter(|l| !l.contains("store::embedded"))
+                        .rev()
+                        .take(40)
+                        .collect();
+                    panic!("no line from zebu up: {e}; up.log ends {tail:#?}")
+                })
+        };
+        let api = next()
+            .strip_prefix("zebu API listening on ")
+            .expect("API line")
+            .to_string();
+        assert!(next().contains("3 nodes; Ctrl-C stops everything"));
+        let line = next();
+        let endpoint = line
+            .strip_prefix("volume vol attached: ")
+            .unwrap_or_else(|| panic!("{line:?}"))
+            .to_string();
+        assert!(
+            endpoint.starts_with("nbd://127.0.0.11:") && endpoint.ends_with("/vol"),
+            "{endpoint}"
+        );
+        let v = ok_json(&api, &["volume", "get", "vol"]);
+        assert_eq!(v["spec"]["numberOfReplicas"], 3);
+        assert_eq!(v["spec"]["size"], 64u64 << 20);
+        assert_eq!(v["status"]["replicas"].as_array().map(Vec::len), Some(3));
+        let io = |cmd: &str| {
+            let out = Command::new("qemu-io")
+                .args(["-f", "raw", "-c", cmd, &endpoint])
+                .output()
+                .expect("qemu-io");
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(
+                out.status.success() && !text.contains("fail"),
+                "{cmd}: {text}"
+            );
+        };
+        let snapshots = |v: Value| -> Vec<String> {
+            v["items"]
+                .as_array()
+                .expect("items")
+                .iter()
+                .filter_map(|s| s["name"].as_str().map(str::to_string))
+                .collect()
+        };
+        if expect_created {
+            io("write -P 0x5a 1M 2M");
+            // Snapshots go through the running engine.
+            let after = snapshots(ok_json(&api, &["snapshot", "create", "vol", "s1"]));
+            assert!(after.contains(&"s1".to_string()), "{after:?}");
+            io("write -P 0x6b 1M 1M");
+            let listed = snapshots(ok_json(&api, &["snapshot", "ls", "vol"]));
+            assert!(listed.contains(&"s1".to_string()), "{listed:?}");
+            let table = zebu(&api, &["snapshot", "ls", "vol"]);
+            let text = String::from_utf8_lossy(&table.stdout);
+            assert!(text.starts_with("NAME") && text.contains("s1"), "{text}");
+            let (code, err) = fails(&api, &["snapshot", "rm", "vol", "nope"]);
+            assert_eq!(code, 1);
+            assert!(err.contains("nope"), "{err}");
+            let (code, err) = fails(&api, &["snapshot", "ls", "nope"]);
+            assert_eq!((code, err.trim()), (1, "zebu: volume \"nope\" not found"));
+            let (code, err) = fails(&api, &["snapshot", "create", "vol", "Bad_Name"]);
+            assert_eq!(code, 1);
+            assert!(err.contains("snapshot name \"Bad_Name\""), "{err}");
+            ok_json(
+                &api,
+                &[
+                    "volume",
+                    "create",
+                    "cold",
+                    "--size",
+                    "16M",
+                    "--replicas",
+                    "1",
+                ],
+            );
+            let (code, err) = fails(&api, &["snapshot", "create", "cold"]);
+            assert_eq!(code, 1);
+            assert!(err.contains("\"cold\" is not attached"), "{err}");
+            let left = snapshots(ok_json(&api, &["snapshot", "rm", "vol", "s1"]));
+            assert!(!left.contains(&"s1".to_string()), "{left:?}");
+        }
+        // Deleting the snapshot merged it: both writes read back.
+        io("read -P 0x6b 1M 1M");
+        io("read -P 0x5a 2M 1M");
+
+        let mut up = up;
+        let pid = nix::unistd::Pid::from_raw(up.0.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = up.0.try_wait().expect("wait") {
+                assert!(status.success(), "{status:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "zebu up did not stop on SIGINT");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let left: Vec<i32> = ["zebu-engine", "zebu-replica"]
+            .iter()
+            .flat_map(|b| common::pids(b, &needle))
+            .collect();
+        assert!(left.is_empty(), "processes left after Ctrl-C: {left:?}");
+        endpoint
+    };
+    let first = run(true);
+    let second = run(false);
+    assert_eq!(first, second, "the same endpoint after a restart");
 }

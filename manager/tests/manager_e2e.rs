@@ -8,12 +8,14 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
 
 mod common;
-use common::{kill9, ok, qemu_io, volume, wait_for};
+use common::{background_writer, kill9, ok, qemu_io, volume, wait_for};
 
 const ZEBU: &str = env!("CARGO_BIN_EXE_zebu");
 
@@ -166,7 +168,11 @@ fn volume_lifecycle_self_heals_a_killed_replica_and_delete_leaves_nothing() {
     });
     qemu_io(&endpoint, "write -P 0xab 0 1M");
 
-    // kill -9 one replica: Degraded, then Healthy again by itself.
+    // kill -9 one replica under a verified workload: Degraded, then Healthy
+    // again by itself, and the workload never sees an error.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = background_writer(&endpoint, stop.clone());
+    std::thread::sleep(Duration::from_secs(1));
     let victims = pids("zebu-replica", &tmp.path().display().to_string());
     assert_eq!(victims.len(), 3, "{victims:?}");
     kill9(victims[0]);
@@ -179,6 +185,16 @@ fn volume_lifecycle_self_heals_a_killed_replica_and_delete_leaves_nothing() {
         volume(&api, "v").is_some_and(|v| v["status"]["robustness"] == "healthy")
     });
     eprintln!("degraded after {degraded:?}, healthy again after {healed:?}");
+    stop.store(true, Ordering::Relaxed);
+    let (report, wrong) = writer.join().expect("writer");
+    eprintln!(
+        "background writer: {} writes, {} reads, {} flushes",
+        report.writes, report.reads, report.flushes
+    );
+    assert!(report.writes > 0);
+    assert!(report.io_errors.is_empty(), "{:?}", report.io_errors);
+    assert!(report.bad_reads.is_empty(), "{:?}", report.bad_reads);
+    assert_eq!(wrong, 0, "blocks not as last acknowledged");
     assert_eq!(
         pids("zebu-replica", &tmp.path().display().to_string()).len(),
         3

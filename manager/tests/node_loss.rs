@@ -21,11 +21,11 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-use zebu_engine::workload::{
-    self, Expect, NbdClient, Pattern, RunReport, Scope, StopAfter, WorkloadConfig,
-};
 
-const SETTINGS: &[&str] = &["stale-replica-timeout=5"];
+const SETTINGS: &[&str] = &[
+    "stale-replica-timeout=5",
+    "storage-minimal-available-percentage=0",
+];
 const ALL: [&str; 4] = ["node-1", "node-2", "node-3", "node-4"];
 
 /// A volume attached on a node that holds one of its replicas; returns
@@ -65,44 +65,6 @@ fn attached_volume(api: &str, size: &str) -> (String, String, String, String) {
         volume(api, "v").is_some_and(|v| v["status"]["robustness"] == "healthy")
     });
     (endpoint, nodes[0].clone(), nodes[1].clone(), spare)
-}
-
-/// A verified workload through NBD on the range [64 MiB, 96 MiB) until
-/// `stop`; returns its report once `stop` is set, after checking every
-/// block reads back exactly as last acknowledged.
-fn background_writer(
-    endpoint: &str,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<(RunReport, usize)> {
-    let hostport = endpoint
-        .strip_prefix("nbd://")
-        .and_then(|s| s.split('/').next())
-        .expect("nbd endpoint")
-        .to_string();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().expect("runtime");
-        rt.block_on(async move {
-            let dev = NbdClient::connect(&hostport, "v")
-                .await
-                .expect("nbd connect");
-            let cfg = WorkloadConfig {
-                range_start: 64 << 20,
-                range_len: Some(32 << 20),
-                queue_depth: 4,
-                pattern: Pattern::Random,
-                stop: StopAfter::Duration(Duration::from_secs(600)),
-                read_percent: 20,
-                cancel: Some(stop),
-                ..WorkloadConfig::default()
-            };
-            let mut model = cfg
-                .new_model(256 << 20, workload::RunId::random())
-                .expect("model");
-            let report = workload::run_workload(&dev, &mut model, &cfg).await;
-            let check = workload::verify(&dev, &model, Expect::Exact, Scope::Range, 8).await;
-            (report, check.wrong.len())
-        })
-    })
 }
 
 fn replica_pids(dir: &Path) -> Vec<i32> {

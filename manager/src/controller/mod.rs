@@ -36,7 +36,7 @@ const PERIOD: Duration = Duration::from_secs(1);
 /// Run the controllers until `stop` turns true.
 pub async fn run<S: Store>(store: Arc<S>, mut stop: watch::Receiver<bool>) {
     let mut volumes = volume::VolumeController::new(store.clone());
-    let nodes = node::NodeController::new(store.clone(), Duration::from_secs(10));
+    let nodes = node::NodeController::new(store.clone());
     let mut events = None;
     loop {
         if events.is_none() {
@@ -47,7 +47,7 @@ pub async fn run<S: Store>(store: Arc<S>, mut stop: watch::Receiver<bool>) {
             };
         }
         if let Err(e) = nodes.pass().await {
-            tracing::warn!("node controller: {e}");
+            tracing::warn!("{e}");
         }
         if let Err(e) = volumes.pass().await {
             tracing::warn!("volume controller: {e}");

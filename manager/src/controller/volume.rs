@@ -345,9 +345,17 @@ impl<S: Store> VolumeController<S> {
             }
             (None, _, true) => VolumeState::Detached,
         };
+        // RW in the engine, and still the process the engine took as RW
+        // (a replica restarted since is out of sync until the engine sees it).
         let all_rw = |e: &Engine| {
-            live.iter()
-                .all(|r| e.status.replica_modes.get(&r.metadata.name) == Some(&ReplicaMode::RW))
+            live.iter().all(|r| {
+                let name = &r.metadata.name;
+                e.status.replica_modes.get(name) == Some(&ReplicaMode::RW)
+                    && e.status
+                        .replica_pids
+                        .get(name)
+                        .is_none_or(|p| r.status.pid == Some(*p))
+            })
         };
         let full = live.len() as u32 >= v.spec.number_of_replicas;
         let robustness = match engine {

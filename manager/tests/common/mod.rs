@@ -7,8 +7,18 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use zebu_engine::workload::{
+    self, Expect, NbdClient, Pattern, RunReport, Scope, StopAfter, WorkloadConfig,
+};
 
 pub const ZEBU: &str = env!("CARGO_BIN_EXE_zebu");
+
+/// Settings for tests on a shared machine: its disk is often fuller than the
+/// minimal-available percentage `zebu up` keeps free by default, and a test
+/// volume needs little of it.
+pub const FULL_DISK_OK: &[&str] = &["storage-minimal-available-percentage=0"];
 
 /// A running `zebu up`; on drop it and every data-plane process under its
 /// data directory are killed.
@@ -83,6 +93,22 @@ impl Drop for Up {
         for pid in pids("zebu-engine", &needle)
             .into_iter()
             .chain(pids("zebu-replica", &needle))
+        {
+            kill9(pid);
+        }
+    }
+}
+
+/// On drop (a test that ends, or fails), kill -9 every engine and replica
+/// of the cluster whose data directory is the given path, so a failed test
+/// leaves nothing running for the next one to trip over.
+pub struct KillUnder(pub String);
+
+impl Drop for KillUnder {
+    fn drop(&mut self) {
+        for pid in pids("zebu-engine", &self.0)
+            .into_iter()
+            .chain(pids("zebu-replica", &self.0))
         {
             kill9(pid);
         }
@@ -231,4 +257,44 @@ pub fn replica_nodes(v: &Value) -> Vec<String> {
         .unwrap_or_default();
     nodes.sort();
     nodes
+}
+
+/// A verified workload through NBD (a volume of at least 96 MiB) on the
+/// range [64 MiB, 96 MiB) until
+/// `stop`; returns its report once `stop` is set, after checking every
+/// block reads back exactly as last acknowledged.
+pub fn background_writer(
+    endpoint: &str,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(RunReport, usize)> {
+    let hostport = endpoint
+        .strip_prefix("nbd://")
+        .and_then(|s| s.split('/').next())
+        .expect("nbd endpoint")
+        .to_string();
+    let export = endpoint.rsplit('/').next().unwrap_or("").to_string();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(async move {
+            let dev = NbdClient::connect(&hostport, &export)
+                .await
+                .expect("nbd connect");
+            let cfg = WorkloadConfig {
+                range_start: 64 << 20,
+                range_len: Some(32 << 20),
+                queue_depth: 4,
+                pattern: Pattern::Random,
+                stop: StopAfter::Duration(Duration::from_secs(600)),
+                read_percent: 20,
+                cancel: Some(stop),
+                ..WorkloadConfig::default()
+            };
+            let mut model = cfg
+                .new_model(256 << 20, workload::RunId::random())
+                .expect("model");
+            let report = workload::run_workload(&dev, &mut model, &cfg).await;
+            let check = workload::verify(&dev, &model, Expect::Exact, Scope::Range, 8).await;
+            (report, check.wrong.len())
+        })
+    })
 }
