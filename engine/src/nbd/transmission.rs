@@ -200,10 +200,12 @@ impl<'d> Conn<'d> {
         let mut waiting_shared: Option<u32> = None;
         let sem = self.shared.sem.clone();
         loop {
+            let mut stalled = false;
             if self.reading && waiting_shared.is_none() {
                 match self.parse() {
                     Ok(Parsed::NeedInput) => {}
                     Ok(Parsed::NeedBudget(units)) => {
+                        stalled = true;
                         // Short on the shared budget with nothing of ours to wait for: wait
                         // for the other connections to give some back.
                         if self.used_units == 0 {
@@ -220,7 +222,13 @@ impl<'d> Conn<'d> {
                     }
                 }
             }
+            let used_before = self.used_units;
             self.write_replies();
+            if stalled && waiting_shared.is_none() && self.used_units < used_before {
+                // Writing gave budget back that parse() was waiting for; nothing else would
+                // wake us for it.
+                continue;
+            }
             if !self.reading && self.running.is_empty() && (self.out.is_empty() || !self.socket_ok)
             {
                 return result;
@@ -307,15 +315,14 @@ impl<'d> Conn<'d> {
 
     /// Whether reading more bytes could let a request start.
     fn wants_input(&self) -> bool {
-        if self.used_units >= self.conn_units {
-            return false;
-        }
         match self.front_needs() {
             // A whole header and no budget taken for it: parse() is waiting for budget, so
             // its payload may not be read yet.
             Some(_) if self.front_units.is_none() => false,
+            // Paid for: its payload must come in even if that took the last of the budget
+            // (stopping here would wait for a completion that nothing is running to give).
             Some(n) => self.input.len() < n,
-            None => self.input.len() < READ_CHUNK,
+            None => self.used_units < self.conn_units && self.input.len() < READ_CHUNK,
         }
     }
 
