@@ -192,11 +192,13 @@ impl Volume {
             .clone()
     }
 
+    /// The replicas in one of `modes`. One pass under the lock, one allocation: this runs
+    /// for every write.
     fn with_mode(&self, modes: &[Mode]) -> Vec<Arc<Replica>> {
-        self.replicas()
-            .into_iter()
-            .filter(|r| modes.contains(&r.mode()))
-            .collect()
+        let all = self.replicas.read().expect("invariant: replicas lock");
+        let mut out = Vec::with_capacity(all.len());
+        out.extend(all.iter().filter(|r| modes.contains(&r.mode())).cloned());
+        out
     }
 
     pub async fn membership(&self) -> Membership {
@@ -296,16 +298,19 @@ impl Volume {
         }
         let id = self.next_id();
         let timeout = self.config.io_timeout;
-        let results = futures::future::join_all(targets.iter().map(|r| {
-            let fut = op(r, id);
-            async move {
-                r.inflight.fetch_add(1, Ordering::Relaxed);
-                let res = tokio::time::timeout(timeout, fut).await;
-                r.inflight.fetch_sub(1, Ordering::Relaxed);
-                res.unwrap_or(Err(PathError::Timeout(timeout)))
-            }
-        }))
-        .await;
+        // One replica (the common single-replica volume, or a degraded one): no join and
+        // no vector of results to allocate per request.
+        let single;
+        let joined;
+        let results: &mut dyn Iterator<Item = Result<(), PathError>> = if targets.len() == 1 {
+            single = timed(&targets[0], op(&targets[0], id), timeout).await;
+            &mut std::iter::once(single)
+        } else {
+            joined =
+                futures::future::join_all(targets.iter().map(|r| timed(r, op(r, id), timeout)))
+                    .await;
+            &mut joined.into_iter()
+        };
         let mut rw_ok = 0;
         let mut last_err = None;
         for (r, res) in targets.iter().zip(results) {
@@ -373,12 +378,12 @@ impl Volume {
     }
 
     /// A local RW replica first, else the RW replica with the fewest requests in flight.
+    /// Runs for every read: one pass under the lock, no allocation.
     fn pick_reader(&self) -> Option<Arc<Replica>> {
-        let rw = self.with_mode(&[Mode::RW]);
-        rw.iter()
-            .filter(|r| r.local)
-            .min_by_key(|r| r.inflight.load(Ordering::Relaxed))
-            .or_else(|| rw.iter().min_by_key(|r| r.inflight.load(Ordering::Relaxed)))
+        let all = self.replicas.read().expect("invariant: replicas lock");
+        all.iter()
+            .filter(|r| r.mode() == Mode::RW)
+            .min_by_key(|r| (!r.local, r.inflight.load(Ordering::Relaxed)))
             .cloned()
     }
 
@@ -491,6 +496,19 @@ impl Volume {
     }
 }
 
+/// One replica's part of a replicated request, counted in its in-flight requests and
+/// bounded by the I/O timeout.
+async fn timed(
+    r: &Replica,
+    fut: BoxFuture<'static, Result<(), PathError>>,
+    timeout: Duration,
+) -> Result<(), PathError> {
+    r.inflight.fetch_add(1, Ordering::Relaxed);
+    let res = tokio::time::timeout(timeout, fut).await;
+    r.inflight.fetch_sub(1, Ordering::Relaxed);
+    res.unwrap_or(Err(PathError::Timeout(timeout)))
+}
+
 /// The byte ranges that may have been written on any of `replicas` after flush `since`,
 /// merged and clipped to `size`. Each replica reports regions of its own region size (they
 /// may differ between replicas created by different versions).
@@ -566,6 +584,9 @@ impl BlockDevice for Volume {
     fn write(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), BlockError>> {
         Box::pin(async move {
             self.check_range(offset, data.len() as u64)?;
+            if data.len() as u64 <= MAX_PIECE {
+                return self.write_piece(offset, data).await;
+            }
             let mut at = 0usize;
             while at < data.len() {
                 let n = (MAX_PIECE as usize).min(data.len() - at);

@@ -9,6 +9,12 @@
 //!
 //! The pending set is at most the queue depth (tens to a few hundred), so a linear scan is
 //! cheaper than an interval tree.
+//!
+//! Every write takes and releases the lock, so the common case (nothing overlaps) costs one
+//! mutex section to register and one to release: the overlap check happens in the same
+//! section as the registration, and a release wakes waiters only when some request is
+//! actually waiting (`State::waiting`), since waking through the [`Notify`] takes its own
+//! lock.
 
 use std::ops::Range;
 use std::sync::Mutex;
@@ -26,6 +32,17 @@ struct State {
     next: u64,
     /// (ticket, range) of every registered request, in ticket order.
     pending: Vec<(u64, Range<u64>)>,
+    /// Registered requests that found an earlier overlapping one and wait for its release.
+    waiting: usize,
+}
+
+impl State {
+    fn blocked(&self, ticket: u64, range: &Range<u64>) -> bool {
+        self.pending
+            .iter()
+            .take_while(|(t, _)| *t < ticket)
+            .any(|(_, r)| overlaps(r, range))
+    }
 }
 
 /// Holds a range until dropped.
@@ -56,27 +73,33 @@ impl RangeLock {
             let mut st = self.state();
             let t = st.next;
             st.next += 1;
+            // Only earlier tickets can block this one, and every one of them is in `pending`
+            // before it, so the check needs no second look after the push.
+            let blocked = st.blocked(t, &range);
             st.pending.push((t, range.clone()));
+            if !blocked {
+                return RangeGuard {
+                    lock: self,
+                    ticket: t,
+                };
+            }
+            st.waiting += 1;
             t
         };
+        // Dropped (a cancelled write) or returned, the guard releases the ticket; `Waiting`
+        // keeps the waiter count right on both paths.
         let guard = RangeGuard { lock: self, ticket };
+        let _waiting = Waiting(self);
         loop {
             let notified = self.released.notified();
             tokio::pin!(notified);
+            // Registered before the check, so a release in between still wakes us.
             notified.as_mut().enable();
-            if !self.blocked(ticket, &range) {
+            if !self.state().blocked(ticket, &range) {
                 return guard;
             }
             notified.await;
         }
-    }
-
-    fn blocked(&self, ticket: u64, range: &Range<u64>) -> bool {
-        self.state()
-            .pending
-            .iter()
-            .take_while(|(t, _)| *t < ticket)
-            .any(|(_, r)| overlaps(r, range))
     }
 
     /// Number of registered requests (waiting or running).
@@ -91,8 +114,20 @@ impl Drop for RangeGuard<'_> {
         if let Some(i) = st.pending.iter().position(|(t, _)| *t == self.ticket) {
             st.pending.remove(i);
         }
+        let anyone_waiting = st.waiting > 0;
         drop(st);
-        self.lock.released.notify_waiters();
+        if anyone_waiting {
+            self.lock.released.notify_waiters();
+        }
+    }
+}
+
+/// Counts one waiter in `State::waiting` while it lives.
+struct Waiting<'a>(&'a RangeLock);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.state().waiting -= 1;
     }
 }
 
