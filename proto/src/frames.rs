@@ -590,6 +590,24 @@ impl Batch {
         out
     }
 
+    /// Writes every byte of the batch to `wr`, with as few vectored writes as it takes.
+    pub async fn write_to<W>(&self, wr: &mut W) -> std::io::Result<()>
+    where
+        W: tokio::io::AsyncWrite + Unpin,
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut slices = self.io_slices();
+        let mut rest: &mut [IoSlice<'_>] = &mut slices;
+        while !rest.is_empty() {
+            let n = wr.write_vectored(rest).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            IoSlice::advance_slices(&mut rest, n);
+        }
+        Ok(())
+    }
+
     /// Empties the batch, keeping the staging buffer's capacity.
     pub fn clear(&mut self) {
         self.staged.clear();

@@ -21,7 +21,6 @@
 //!   closed replica) is [`PathError::Refused`] with the replica's message.
 
 use std::collections::HashMap;
-use std::io::IoSlice;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -214,26 +213,13 @@ async fn write_requests(conn: Arc<Conn>, mut wr: OwnedWriteHalf, mut rx: mpsc::R
             let Ok(req) = rx.try_recv() else { break };
             batch.push_request(&req);
         }
-        if let Err(e) = write_batch(&mut wr, &batch).await {
+        if let Err(e) = batch.write_to(&mut wr).await {
             conn.break_with(format!("sending to {}: {e}", conn.addr), true);
             return;
         }
         batch.clear();
     }
     let _ = wr.shutdown().await;
-}
-
-async fn write_batch(wr: &mut OwnedWriteHalf, batch: &Batch) -> std::io::Result<()> {
-    let mut slices = batch.io_slices();
-    let mut rest: &mut [IoSlice<'_>] = &mut slices;
-    while !rest.is_empty() {
-        let n = wr.write_vectored(rest).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut rest, n);
-    }
-    Ok(())
 }
 
 /// Completes waiting requests with their answers until the connection ends; then fails the

@@ -25,7 +25,6 @@
 //! line and an END saying what was wrong; other connections are not affected. A read or write
 //! over `MAX_IO_BYTES` that frames correctly is answered INVALID by `run_op`, as on gRPC.
 
-use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -374,7 +373,7 @@ impl FrameReader {
 async fn write_one(wr: &mut OwnedWriteHalf, resp: &Response) -> std::io::Result<()> {
     let mut b = Batch::default();
     b.push_response(resp);
-    write_batch(wr, &b).await
+    b.write_to(wr).await
 }
 
 /// Writes answers as they come: everything ready goes out in one vectored write, and the
@@ -396,22 +395,9 @@ async fn write_answers(
             batch.push_response(&resp);
             held.push(permits);
         }
-        write_batch(&mut wr, &batch).await?;
+        batch.write_to(&mut wr).await?;
         batch.clear();
         held.clear();
     }
     wr.shutdown().await
-}
-
-async fn write_batch(wr: &mut OwnedWriteHalf, batch: &Batch) -> std::io::Result<()> {
-    let mut slices = batch.io_slices();
-    let mut rest: &mut [IoSlice<'_>] = &mut slices;
-    while !rest.is_empty() {
-        let n = wr.write_vectored(rest).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut rest, n);
-    }
-    Ok(())
 }
