@@ -48,6 +48,24 @@ pub const WORKLOADS: [Workload; 4] = [
     },
 ];
 
+/// The workloads named on a command line (`--workloads a,b`), in that order; all of them
+/// when none is named.
+pub fn select_workloads(names: &[String]) -> anyhow::Result<Vec<Workload>> {
+    if names.is_empty() {
+        return Ok(WORKLOADS.to_vec());
+    }
+    names
+        .iter()
+        .map(|name| {
+            WORKLOADS
+                .iter()
+                .find(|w| w.name == name)
+                .copied()
+                .ok_or_else(|| anyhow::anyhow!("unknown workload {name:?}"))
+        })
+        .collect()
+}
+
 /// What fio measured for one row.
 #[derive(Debug, Clone)]
 pub struct FioResult {

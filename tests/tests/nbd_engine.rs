@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use rand::{RngCore, SeedableRng};
+use zebu_proto::engine::VolumeInfo;
 use zebu_tests::engine::{Cluster, Fingerprint, mode_in};
 use zebu_tests::test_seed;
 
@@ -510,20 +511,7 @@ async fn filesystem_survives_replica_kill_and_engine_restart() -> anyhow::Result
         write_files(&dir, &after, &AtomicUsize::new(0))?;
         run("sync", &[])?;
 
-        let info = c.engine().info().await?;
-        eprintln!(
-            "after the kill: {} {:?}",
-            info.state,
-            info.replicas
-                .iter()
-                .map(|r| (&r.address, &r.mode))
-                .collect::<Vec<_>>()
-        );
-        for i in 0..3 {
-            if i != victim {
-                assert_eq!(mode_in(&info, &c.addr(i)), "RW", "{info:?}");
-            }
-        }
+        let info = others_rw("after the kill", &c, victim).await?;
         assert_ne!(mode_in(&info, &c.addr(victim)), "RW", "{info:?}");
 
         // Unmount first so every read below comes from the device, not the page cache.
@@ -540,20 +528,7 @@ async fn filesystem_survives_replica_kill_and_engine_restart() -> anyhow::Result
     // reads from it before it has caught up.
     c.restart_replica(victim)?;
     c.start_engine()?;
-    let info = c.engine().info().await?;
-    eprintln!(
-        "after the restart: {} {:?}",
-        info.state,
-        info.replicas
-            .iter()
-            .map(|r| (&r.address, &r.mode))
-            .collect::<Vec<_>>()
-    );
-    for i in 0..3 {
-        if i != victim {
-            assert_eq!(mode_in(&info, &c.addr(i)), "RW", "{info:?}");
-        }
-    }
+    others_rw("after the restart", &c, victim).await?;
 
     let mut fs = FsStack::attach(&work, &nbd_url(&c))?;
     let dir = fs.mount(&mnt)?.to_path_buf();
@@ -605,4 +580,20 @@ async fn filesystem_survives_replica_kill_and_engine_restart() -> anyhow::Result
         prints[0].volume_crcs.len()
     );
     Ok(())
+}
+
+/// The engine's view of its replicas, printed under `what`, after asserting that every
+/// replica but `victim` is RW.
+async fn others_rw(what: &str, c: &Cluster, victim: usize) -> anyhow::Result<VolumeInfo> {
+    let info = c.engine().info().await?;
+    let modes: Vec<_> = info
+        .replicas
+        .iter()
+        .map(|r| (&r.address, &r.mode))
+        .collect();
+    eprintln!("{what}: {} {modes:?}", info.state);
+    for i in (0..3).filter(|&i| i != victim) {
+        assert_eq!(mode_in(&info, &c.addr(i)), "RW", "{what}: {info:?}");
+    }
+    Ok(info)
 }

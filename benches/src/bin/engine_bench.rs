@@ -23,7 +23,7 @@ use clap::Parser;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use zebu_benches::{GIB, KIB, MIB, WORKLOADS, Workload};
+use zebu_benches::{GIB, KIB, MIB, WORKLOADS, Workload, select_workloads};
 use zebu_engine::blockdev::BlockDevice;
 use zebu_engine::replicator::{StartOptions, Volume, VolumeConfig};
 use zebu_engine::workload::NbdClient;
@@ -171,20 +171,7 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
-    let workloads: Vec<Workload> = if args.workloads.is_empty() {
-        WORKLOADS.to_vec()
-    } else {
-        args.workloads
-            .iter()
-            .map(|name| {
-                WORKLOADS
-                    .iter()
-                    .find(|w| w.name == name)
-                    .copied()
-                    .with_context(|| format!("unknown workload {name:?}"))
-            })
-            .collect::<anyhow::Result<_>>()?
-    };
+    let workloads = select_workloads(&args.workloads)?;
     std::fs::create_dir_all(&args.dir).with_context(|| format!("create {:?}", args.dir))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -12,7 +12,7 @@ use clap::{Parser, ValueEnum};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use zebu_benches::{KIB, MIB, WORKLOADS, Workload};
+use zebu_benches::{KIB, MIB, Workload, select_workloads};
 use zebu_replica::Replica;
 use zebu_replica::io::{AlignedBuf, BackendKind, DataFile, IO_ALIGN, IoConfig, IoEngine};
 
@@ -135,20 +135,7 @@ fn main() -> anyhow::Result<()> {
     if args.size < MIB || !args.size.is_multiple_of(MIB) {
         bail!("--size must be a whole number of MiB");
     }
-    let workloads: Vec<Workload> = if args.workloads.is_empty() {
-        WORKLOADS.to_vec()
-    } else {
-        args.workloads
-            .iter()
-            .map(|name| {
-                WORKLOADS
-                    .iter()
-                    .find(|w| w.name == name)
-                    .copied()
-                    .with_context(|| format!("unknown workload {name:?}"))
-            })
-            .collect::<anyhow::Result<_>>()?
-    };
+    let workloads = select_workloads(&args.workloads)?;
     let kinds: Vec<BackendKind> = args
         .backends
         .iter()
