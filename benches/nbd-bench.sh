@@ -50,7 +50,8 @@
 # Environment: TARGETS, SIZE (default 1G), RUNTIME (default 5), WORKDIR, ENGINE_BIN (the
 # nbd_file example), ZEBU_BIN_DIR (zebu-engine and zebu-replica; default target/release,
 # built when not given), ZEBU_ENGINE_ARGS (extra arguments appended to the `zebu-engine
-# serve` line, split on spaces, e.g. "--data-transport grpc").
+# serve` line, split on spaces, e.g. "--data-transport grpc"), ZEBU_REPLICA_ARGS (the same for
+# every `zebu-replica serve` line, e.g. "--cache direct").
 set -euo pipefail
 
 out_json=${1:-nbd-bench.json}
@@ -114,8 +115,9 @@ start_zebu() {
     for i in $(seq 1 "$n"); do
         dir=$work/zebu-${n}r-r$i
         rm -rf "$dir"
+        # shellcheck disable=SC2086
         "$zebu_bin/zebu-replica" serve --dir "$dir" --listen "127.0.0.1$i:0" \
-            --size "$size_bytes" >"$dir.out" 2>"$dir.log" &
+            --size "$size_bytes" ${ZEBU_REPLICA_ARGS:-} >"$dir.out" 2>"$dir.log" &
         pid=$!
         server_pids+=("$pid")
         server_names+=("replica$i")

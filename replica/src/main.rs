@@ -22,7 +22,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
-use zebu_replica::io::{BackendKind, IoEngine};
+use zebu_replica::io::{BackendKind, CacheMode, IoConfig, IoEngine};
 use zebu_replica::server::ReplicaServer;
 use zebu_replica::{Replica, ReplicaInfo};
 
@@ -52,6 +52,11 @@ enum Command {
         /// File I/O back end.
         #[arg(long, value_enum, default_value_t = IoArg::Auto)]
         io: IoArg,
+        /// How layer files meet the disk: `page` writes into the page cache and makes it
+        /// durable at each flush; `direct` opens them with O_DIRECT. Both keep the flush
+        /// contract.
+        #[arg(long, value_enum, default_value_t = CacheArg::Page)]
+        cache: CacheArg,
     },
     /// Print a replica's size, layer chain, generation, epoch and flush number.
     Info {
@@ -68,6 +73,21 @@ enum IoArg {
     Auto,
     Uring,
     Threads,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum CacheArg {
+    Page,
+    Direct,
+}
+
+impl From<CacheArg> for CacheMode {
+    fn from(a: CacheArg) -> CacheMode {
+        match a {
+            CacheArg::Page => CacheMode::Page,
+            CacheArg::Direct => CacheMode::Direct,
+        }
+    }
 }
 
 impl From<IoArg> for BackendKind {
@@ -148,7 +168,8 @@ fn main() -> ExitCode {
                 listen,
                 size,
                 io,
-            } => serve(&dir, listen, size, io.into()).await,
+                cache,
+            } => serve(&dir, listen, size, io.into(), cache.into()).await,
             Command::Info { dir, json } => print_info(&dir, json).await,
         }
     });
@@ -163,9 +184,19 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(dir: &Path, listen: SocketAddr, size: u64, io: BackendKind) -> anyhow::Result<()> {
-    let io = IoEngine::new(io).context("cannot start the I/O engine")?;
-    info!(backend = %io.backend(), "I/O engine ready");
+async fn serve(
+    dir: &Path,
+    listen: SocketAddr,
+    size: u64,
+    io: BackendKind,
+    cache: CacheMode,
+) -> anyhow::Result<()> {
+    let config = IoConfig {
+        cache,
+        ..IoConfig::default()
+    };
+    let io = IoEngine::with_config(io, config).context("cannot start the I/O engine")?;
+    info!(backend = %io.backend(), cache = %io.cache(), "I/O engine ready");
     let replica = Replica::open_or_create(dir, size, io.clone())
         .await
         .context("cannot open the replica")?;

@@ -178,6 +178,7 @@ async fn split_transfers_round_trip(kind: BackendKind, path: &Path) {
         uring_entries: 4,
         uring_rings: 2,
         threads: 2,
+        ..IoConfig::default()
     };
     let io = IoEngine::with_config(kind, config).expect("engine");
     let file = Arc::new(DataFile::open(path, true).expect("create"));

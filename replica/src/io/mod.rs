@@ -1,4 +1,13 @@
-//! File I/O for layer files: one API over an io_uring back end and a thread-pool back end.
+//! File I/O for layer files: one API over an io_uring back end and a thread-pool back end,
+//! for files in the page cache or opened with `O_DIRECT` ([`CacheMode`]).
+//!
+//! Page-cache files (the replica's default) skip the back end where waiting is not needed: a
+//! write is a copy into the page cache done by the caller, and a read whose bytes are all
+//! cached is served inline (`preadv2(RWF_NOWAIT)`); only reads that would wait for the disk,
+//! and `sync`, go to a back end. Measured through the engine over NBD (benches/README.md),
+//! this roughly doubled 4 KiB random IOPS through one replica and halved the latency of a
+//! QD 1 write: each request used to cross to a ring thread and back, and every write into
+//! a sparse layer that allocated a block was punted to a kernel worker thread.
 //!
 //! [`IoEngine::new`] with [`BackendKind::Auto`] tries io_uring and falls back to the thread
 //! pool when the kernel refuses it (old kernel, seccomp, `io_uring_disabled`). Both back ends
@@ -111,6 +120,52 @@ impl std::fmt::Display for Backend {
     }
 }
 
+/// How layer files meet the disk; the flush contract is the same for both (DESIGN §3: a
+/// write is acknowledged once it is in the page cache or on disk, and `sync` makes every
+/// completed write durable).
+///
+/// - `Page` (the default): buffered files. A write is a copy into the page cache, done
+///   inline by the caller (no hand-off to another thread, no wait for the disk); a read of
+///   cached data is served inline with `RWF_NOWAIT`, and only a read that would block goes to
+///   the back end. Allocating a block of a sparse layer costs nothing at write time (the
+///   filesystem allocates at writeback), where an `O_DIRECT` write that allocates blocks the
+///   submitter or is punted to a kernel worker thread. The cost: the replica's node caches
+///   the data it stores (reclaimable memory, not the process's RSS), and a flush writes back
+///   everything written since the last one.
+/// - `Direct`: `O_DIRECT` files (where the filesystem allows it), every read and write
+///   through the back end; no page cache use, every write waits for the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheMode {
+    Direct,
+    #[default]
+    Page,
+}
+
+impl std::str::FromStr for CacheMode {
+    type Err = std::io::Error;
+
+    /// Accepts `page` and `direct`.
+    fn from_str(s: &str) -> std::io::Result<CacheMode> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "page" => Ok(CacheMode::Page),
+            "direct" => Ok(CacheMode::Direct),
+            other => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("unknown cache mode {other:?}; expected page or direct"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for CacheMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CacheMode::Direct => "direct",
+            CacheMode::Page => "page",
+        })
+    }
+}
+
 /// How long opening a layer file waits for an earlier holder to let go of it.
 pub const LAYER_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -175,9 +230,26 @@ impl DataFile {
     /// and takes its exclusive lock (waiting up to [`LAYER_LOCK_WAIT`] for the I/O of an
     /// earlier holder to finish; see `lock_layer`).
     pub fn open(path: &Path, create: bool) -> std::io::Result<DataFile> {
+        DataFile::open_as(path, create, CacheMode::Direct)
+    }
+
+    /// Opens (or creates) `path` read-write as `cache` says: [`CacheMode::Direct`] as
+    /// [`DataFile::open`], [`CacheMode::Page`] through the page cache. Either way it takes
+    /// the file's exclusive lock (see `lock_layer`).
+    pub fn open_as(path: &Path, create: bool, cache: CacheMode) -> std::io::Result<DataFile> {
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true).write(true).create(create);
-        DataFile::open_direct_if_allowed(path, &opts)
+        match cache {
+            CacheMode::Direct => DataFile::open_direct_if_allowed(path, &opts),
+            CacheMode::Page => {
+                let file = opts.open(path)?;
+                lock_layer(&file, path, LAYER_LOCK_WAIT)?;
+                Ok(DataFile {
+                    file,
+                    direct: false,
+                })
+            }
+        }
     }
 
     /// Whether the file was opened with `O_DIRECT`.
@@ -255,6 +327,8 @@ pub struct IoConfig {
     /// Largest length given to the kernel in one call; longer requests are issued in pieces,
     /// through the same path as a short transfer. Rounded down to [`IO_ALIGN`], at most 1 GiB.
     pub max_chunk: usize,
+    /// How the layer files a [`Replica`](crate::Replica) opens with this engine meet the disk.
+    pub cache: CacheMode,
 }
 
 impl Default for IoConfig {
@@ -264,6 +338,7 @@ impl Default for IoConfig {
             uring_rings: default_rings(),
             threads: 8,
             max_chunk: MAX_CHUNK,
+            cache: CacheMode::default(),
         }
     }
 }
@@ -284,6 +359,7 @@ const MAX_CHUNK: usize = 1 << 30;
 #[derive(Clone)]
 pub struct IoEngine {
     inner: Arc<Executor>,
+    cache: CacheMode,
 }
 
 enum Executor {
@@ -295,6 +371,7 @@ impl std::fmt::Debug for IoEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IoEngine")
             .field("backend", &self.backend())
+            .field("cache", &self.cache)
             .finish()
     }
 }
@@ -340,7 +417,13 @@ impl IoEngine {
         };
         Ok(IoEngine {
             inner: Arc::new(executor),
+            cache: config.cache,
         })
+    }
+
+    /// How layer files opened for this engine meet the disk ([`IoConfig::cache`]).
+    pub fn cache(&self) -> CacheMode {
+        self.cache
     }
 
     pub fn backend(&self) -> Backend {
@@ -364,6 +447,10 @@ impl IoEngine {
         offset: u64,
         buf: AlignedBuf,
     ) -> std::io::Result<AlignedBuf> {
+        let mut buf = buf;
+        if !file.is_direct() && read_cached(file, offset, &mut buf) {
+            return Ok(buf);
+        }
         let (reply, rx) = oneshot::channel();
         self.submit(Request::Read {
             file: file.clone(),
@@ -381,6 +468,10 @@ impl IoEngine {
         offset: u64,
         buf: AlignedBuf,
     ) -> std::io::Result<AlignedBuf> {
+        if !file.is_direct() {
+            write_cached(file, offset, &buf)?;
+            return Ok(buf);
+        }
         let (reply, rx) = oneshot::channel();
         self.submit(Request::Write {
             file: file.clone(),
@@ -402,6 +493,9 @@ impl IoEngine {
         offset: u64,
         data: Bytes,
     ) -> std::io::Result<()> {
+        if !file.is_direct() {
+            return write_cached(file, offset, &data);
+        }
         let aligned = (data.as_ptr() as usize).is_multiple_of(IO_ALIGN)
             && data.len().is_multiple_of(IO_ALIGN);
         if file.is_direct() && !aligned {
@@ -429,6 +523,41 @@ impl IoEngine {
             reply,
         });
         rx.await.map_err(|_| backend_stopped())?
+    }
+}
+
+/// A write to a buffered file: a copy into the page cache, done by the caller. It blocks only
+/// where the kernel throttles writers (too much dirty memory), which then holds back the
+/// whole replica as it should.
+fn write_cached(file: &DataFile, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.file().write_all_at(data, offset)
+}
+
+/// Serves a read of a buffered file from the page cache, inline, when every byte is cached
+/// (`preadv2(RWF_NOWAIT)` never waits for the disk). `false` when it is not, or on any
+/// error: the back end then does the whole read (and reports the error, if it persists).
+fn read_cached(file: &DataFile, offset: u64, buf: &mut AlignedBuf) -> bool {
+    let Ok(at) = libc::off_t::try_from(offset) else {
+        return false;
+    };
+    let want = buf.len();
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: want,
+    };
+    loop {
+        // SAFETY: `iov` points at `want` writable bytes of `buf`, which we borrow mutably for
+        // the whole call; the descriptor is owned by `file`, alive for the call.
+        let n = unsafe { libc::preadv2(file.raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };
+        if n >= 0 {
+            // A short read is a partly cached range or the end of the file: the back end
+            // knows what both mean.
+            return usize::try_from(n).is_ok_and(|n| n == want);
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return false;
+        }
     }
 }
 

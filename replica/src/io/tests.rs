@@ -215,6 +215,73 @@ fn unaligned_shared_write_is_copied(kind: BackendKind) {
     assert!(back[..] == data[..]);
 }
 
+/// A page-cache file (`CacheMode::Page`): writes are copied in by the caller, reads are served
+/// inline when cached and by the back end when not (here: after the cache of the middle
+/// of the file was dropped), and a read that spans both is exact either way.
+fn page_cache_reads_hit_and_miss_alike(kind: BackendKind) {
+    use std::os::unix::fs::FileExt;
+    const BLOCKS: usize = 64;
+    let dir = disk_dir();
+    let io = engine(kind);
+    let path = dir.path().join("page");
+    let file = Arc::new(DataFile::open_as(&path, true, CacheMode::Page).expect("create"));
+    assert!(!file.is_direct());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let data = pattern(11, BLOCKS * BLOCK);
+    // Half from aligned buffers, half from unaligned `Bytes` (fine without O_DIRECT).
+    let half = BLOCKS / 2 * BLOCK;
+    rt.block_on(io.write_at(&file, 0, AlignedBuf::copy_from(&data[..half])))
+        .expect("write");
+    let backing = Bytes::from([&[0u8][..], &data[half..]].concat());
+    rt.block_on(io.write_bytes_at(&file, half as u64, backing.slice(1..)))
+        .expect("write bytes");
+    // Already visible to anyone reading the file: the write is in the page cache.
+    let mut seen = vec![0u8; data.len()];
+    std::fs::File::open(&path)
+        .expect("open")
+        .read_exact_at(&mut seen, 0)
+        .expect("plain read");
+    assert!(seen == data);
+    rt.block_on(io.sync(&file)).expect("sync");
+    // Drop the (now clean) cached pages of blocks 16..48: reads there must go to the back end.
+    // SAFETY: a plain advice call on a descriptor `file` owns.
+    let r = unsafe {
+        libc::posix_fadvise(
+            file.raw_fd(),
+            (16 * BLOCK) as libc::off_t,
+            (32 * BLOCK) as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    assert_eq!(r, 0, "fadvise");
+    for (from, blocks) in [(0, 8), (12, 8), (20, 4), (40, 24), (0, BLOCKS), (60, 8)] {
+        let back = rt
+            .block_on(io.read_at(&file, (from * BLOCK) as u64, garbage(blocks * BLOCK)))
+            .expect("read");
+        let end = ((from + blocks) * BLOCK).min(data.len());
+        let inside = end - from * BLOCK;
+        assert!(
+            back[..inside] == data[from * BLOCK..end],
+            "blocks {from}..{} differ",
+            from + blocks
+        );
+        assert!(back[inside..].iter().all(|&b| b == 0), "past EOF is zeros");
+    }
+}
+
+#[test]
+fn cache_modes_parse() {
+    assert_eq!("page".parse::<CacheMode>().ok(), Some(CacheMode::Page));
+    assert_eq!(
+        " Direct ".parse::<CacheMode>().ok(),
+        Some(CacheMode::Direct)
+    );
+    assert!("writeback".parse::<CacheMode>().is_err());
+    assert_eq!(CacheMode::default(), CacheMode::Page);
+}
+
 #[test]
 fn backend_names_parse() {
     assert_eq!(
@@ -252,6 +319,11 @@ macro_rules! suite {
             #[test]
             fn reads_into_recycled_buffers_return_exactly_the_file() {
                 reads_into_recycled_buffers_are_exact($kind);
+            }
+
+            #[test]
+            fn page_cache_file_reads_cached_and_uncached_ranges_exactly() {
+                page_cache_reads_hit_and_miss_alike($kind);
             }
 
             #[test]

@@ -3,17 +3,18 @@
 //! its first byte is the frames magic).
 //!
 //! ```text
-//!   socket ─► FrameReader ─► connection task ──────────────────────► writer task ─► socket
-//!              (BytesMut,     hello → data::accept (shared with gRPC)  (batches every ready
-//!               cancel-safe)  requests → FuturesUnordered of            answer into one
-//!                             data::run_op, ≤ MAX_IN_FLIGHT and         vectored write)
-//!                             MAX_BYTES_IN_FLIGHT, permits held until
-//!                             the answer is written
+//!   socket ─► FrameReader ─► connection task ─────────────────────────────────────► socket
+//!              (BytesMut,     hello → data::accept (shared with gRPC)        (every answer
+//!               cancel-safe)  requests → FuturesUnordered of data::run_op,    ready goes out
+//!                             ≤ MAX_IN_FLIGHT and MAX_BYTES_IN_FLIGHT,        in one vectored
+//!                             permits held until the answer is written        write)
 //! ```
 //!
 //! Requests run concurrently inside the connection task (a `FuturesUnordered`, not a task
-//! each: the store's futures mostly wait for the I/O engine, so polling them in one task saves
-//! a spawn and a wake-up per request) and are answered in completion order. Hello, fencing
+//! each: polling them in one task saves a spawn and a wake-up per request) and are answered
+//! in completion order, by the same task: it starts every request already received, gathers
+//! every answer already done, and writes them together (`serve_requests` says why there is
+//! no separate writer task). Hello, fencing
 //! and execution are the gRPC stream's own functions (`data::accept`, `data::fenced`,
 //! `data::run_op`), so both transports refuse, fence and answer identically: a higher
 //! generation accepted on either ends streams of both kinds, and a close ends them all.
@@ -30,12 +31,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Code, Status};
 use tracing::{Instrument, debug, info, info_span};
 use zebu_proto::frames::{
@@ -111,32 +112,75 @@ async fn run(shared: Arc<Shared>, stream: TcpStream) {
     }
     info!("frames stream accepted");
 
-    // Room for every answer in flight plus the END notice: sends never wait long.
-    let (out, rx) = mpsc::channel::<Answer>(MAX_IN_FLIGHT + 2);
-    let writer = tokio::spawn(write_answers(wr, rx).in_current_span());
-    let end = serve_requests(&shared, generation, closes, &mut reader, &out).await;
+    let end = serve_requests(&shared, generation, closes, &mut reader, &mut wr).await;
     if let Some(why) = &end {
         info!("frames stream ended: {}", why.message);
-        let _ = out.send((why.clone(), None)).await;
+        if let Err(e) = write_one(&mut wr, why).await {
+            debug!("frames connection: writing the END notice failed: {e}");
+        }
     } else {
         info!("frames stream closed by the client");
     }
-    drop(out);
-    match writer.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => debug!("frames connection: writing answers failed: {e}"),
-        Err(e) => debug!("frames writer task failed: {e}"),
+    if let Err(e) = wr.shutdown().await {
+        debug!("frames connection: shutdown failed: {e}");
     }
 }
 
-/// The request loop; returns the END notice to send, if the stream ends for a reason other
-/// than the client closing it.
+/// Answers gathered for one vectored write, with the budget their requests hold until the
+/// answers are on the socket.
+struct Outbox {
+    batch: Batch,
+    held: Vec<Option<Permits>>,
+    /// A write failed: nobody will read answers any more; they are dropped from now on.
+    gone: bool,
+}
+
+impl Outbox {
+    fn push(&mut self, (resp, permits): Answer) {
+        if !self.gone {
+            self.batch.push_response(&resp);
+        }
+        self.held.push(permits);
+    }
+
+    fn full(&self) -> bool {
+        self.batch.frames() >= MAX_BATCH
+    }
+
+    /// Sends what is gathered (one vectored write, or a few if the socket takes less), then
+    /// releases the budget of those requests. TCP_NODELAY is set on accept, so the answers
+    /// leave at once.
+    async fn send(&mut self, wr: &mut OwnedWriteHalf) {
+        if !self.gone
+            && !self.batch.is_empty()
+            && let Err(e) = self.batch.write_to(wr).await
+        {
+            // The requests still running finish (a store operation is never dropped
+            // halfway); their answers are dropped.
+            debug!("frames connection lost ({e}); finishing the requests in flight");
+            self.gone = true;
+        }
+        self.batch.clear();
+        self.held.clear();
+    }
+}
+
+/// The request loop: reads requests, runs them concurrently and answers them, all in this one
+/// task; returns the END notice to send, if the stream ends for a reason other than the
+/// client closing it.
+///
+/// Why one task: with the page cache a write or a cached read completes as soon as it is
+/// polled, so a separate writer task meant a cross-task wake-up and a `writev` per request
+/// (measured: 3 replicas behind one engine served 4 KiB random writes at QD 32 *slower* with
+/// the page cache than with O_DIRECT). Here every request already buffered or on the socket
+/// is started, every answer already done is gathered, and only then is the batch written:
+/// one `read` and one `writev` carry many requests when many are in flight.
 async fn serve_requests(
     shared: &Arc<Shared>,
     generation: u64,
     closes: u64,
     reader: &mut FrameReader,
-    out: &mpsc::Sender<Answer>,
+    wr: &mut OwnedWriteHalf,
 ) -> Option<Response> {
     let mut fence = shared.fence.subscribe();
     let count = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
@@ -146,32 +190,75 @@ async fn serve_requests(
     let mut waiting: Option<(Request, u32)> = None;
     let mut end: Option<Response> = None;
     let mut eof = false;
-    // The writer failed: nobody will get answers any more.
-    let mut gone = false;
+    let mut out = Outbox {
+        batch: Batch::default(),
+        held: Vec::with_capacity(MAX_BATCH),
+        gone: false,
+    };
+    // Starts a request read off the socket, or parks it until the budget allows.
+    let start =
+        |req: Request, running: &mut FuturesUnordered<_>, waiting: &mut Option<(Request, u32)>| {
+            let units = match &req.op {
+                RequestOp::Read { length, .. } => data::units_for(*length, 0),
+                RequestOp::Write { data, .. } => data::units_for(0, data.len() as u64),
+                _ => data::units_for(0, 0),
+            };
+            match try_acquire(&count, &bytes, units) {
+                Some(p) => running.push(execute(shared.clone(), generation, closes, req, p)),
+                None => *waiting = Some((req, units)),
+            }
+        };
     loop {
         if end.is_none()
             && let Some(why) = data::fenced(*fence.borrow_and_update(), generation, closes)
         {
             end = Some(end_notice(frame_status(&why), why.message()));
         }
-        if gone {
+        if out.gone {
             // Not started, so dropping it is safe.
             waiting = None;
         }
-        let reading = end.is_none() && !eof && !gone;
+        // Gather everything that is ready without waiting: requests already received, and
+        // answers already done (polling with a no-op waker is fine: the `select!` below
+        // polls both again with the task's own waker before it sleeps).
+        loop {
+            let mut progress = false;
+            if end.is_none() && !eof && !out.gone && waiting.is_none() && !out.full() {
+                match reader.next().now_or_never() {
+                    Some(Ok(Some(req))) => {
+                        start(req, &mut running, &mut waiting);
+                        progress = true;
+                    }
+                    Some(Ok(None)) => eof = true,
+                    Some(Err(e)) => {
+                        info!("frames connection ends on bad input: {e}");
+                        eof = true;
+                        end = Some(end_notice(pb::Status::Invalid, &e.to_string()));
+                    }
+                    None => {}
+                }
+            }
+            if !out.full()
+                && let Some(Some(answer)) = running.next().now_or_never()
+            {
+                out.push(answer);
+                progress = true;
+            }
+            if !progress || out.full() {
+                break;
+            }
+        }
+        if !out.held.is_empty() {
+            out.send(wr).await;
+            continue;
+        }
+        let reading = end.is_none() && !eof && !out.gone;
         if !reading && waiting.is_none() && running.is_empty() {
-            return if gone { None } else { end };
+            return if out.gone { None } else { end };
         }
         tokio::select! {
             biased;
-            Some(answer) = running.next() => {
-                if !gone && out.send(answer).await.is_err() {
-                    // The connection is gone. The requests already running still finish
-                    // (a store operation is never dropped halfway); their answers are dropped.
-                    debug!("frames connection lost; finishing the requests in flight");
-                    gone = true;
-                }
-            }
+            Some(answer) = running.next() => out.push(answer),
             changed = fence.changed(), if end.is_none() => {
                 if changed.is_err() {
                     end = Some(end_notice(pb::Status::Unavailable, "the replica server is stopping"));
@@ -182,17 +269,7 @@ async fn serve_requests(
                 running.push(execute(shared.clone(), generation, closes, req, permits));
             }
             next = reader.next(), if reading && waiting.is_none() => match next {
-                Ok(Some(req)) => {
-                    let units = match &req.op {
-                        RequestOp::Read { length, .. } => data::units_for(*length, 0),
-                        RequestOp::Write { data, .. } => data::units_for(0, data.len() as u64),
-                        _ => data::units_for(0, 0),
-                    };
-                    match try_acquire(&count, &bytes, units) {
-                        Some(p) => running.push(execute(shared.clone(), generation, closes, req, p)),
-                        None => waiting = Some((req, units)),
-                    }
-                }
+                Ok(Some(req)) => start(req, &mut running, &mut waiting),
                 Ok(None) => eof = true,
                 Err(e) => {
                     info!("frames connection ends on bad input: {e}");
@@ -374,30 +451,4 @@ async fn write_one(wr: &mut OwnedWriteHalf, resp: &Response) -> std::io::Result<
     let mut b = Batch::default();
     b.push_response(resp);
     b.write_to(wr).await
-}
-
-/// Writes answers as they come: everything ready goes out in one vectored write, and the
-/// socket is written as soon as nothing else is ready (TCP_NODELAY is set on accept).
-async fn write_answers(
-    mut wr: OwnedWriteHalf,
-    mut rx: mpsc::Receiver<Answer>,
-) -> std::io::Result<()> {
-    let mut batch = Batch::default();
-    // The budget of the answers in the batch, released once they are written.
-    let mut held = Vec::with_capacity(MAX_BATCH);
-    while let Some((resp, permits)) = rx.recv().await {
-        batch.push_response(&resp);
-        held.push(permits);
-        while batch.frames() < MAX_BATCH {
-            let Ok((resp, permits)) = rx.try_recv() else {
-                break;
-            };
-            batch.push_response(&resp);
-            held.push(permits);
-        }
-        batch.write_to(&mut wr).await?;
-        batch.clear();
-        held.clear();
-    }
-    wr.shutdown().await
 }

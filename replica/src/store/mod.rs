@@ -57,7 +57,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use bytes::Bytes;
 
 use crate::error::{ReplicaError, Result};
-use crate::io::{AlignedBuf, DataFile, IoEngine};
+use crate::io::{AlignedBuf, CacheMode, DataFile, IoEngine};
 use meta::{LayerMeta, META_FILE, META_TMP, Meta, REGIONS_FILE, layer_path};
 use regions::Regions;
 
@@ -207,9 +207,15 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Creates a layer file of `size` bytes (sparse) and makes it durable.
-fn create_layer_file(dir: &Path, id: LayerId, size: u64) -> Result<Arc<DataFile>> {
+fn create_layer_file(
+    dir: &Path,
+    id: LayerId,
+    size: u64,
+    cache: CacheMode,
+) -> Result<Arc<DataFile>> {
     let path = layer_path(dir, id);
-    let f = DataFile::open(&path, true).map_err(io_err(format!("create {}", path.display())))?;
+    let f = DataFile::open_as(&path, true, cache)
+        .map_err(io_err(format!("create {}", path.display())))?;
     f.file()
         .set_len(size)
         .and_then(|_| f.file().sync_all())
@@ -258,7 +264,7 @@ impl Replica {
             let region_size = regions::region_size_for(size);
             Regions::create(&d.join(REGIONS_FILE), size, region_size)?;
             let head = LayerId(1);
-            create_layer_file(&d, head, size)?;
+            create_layer_file(&d, head, size, CacheMode::Page)?;
             let meta = Meta {
                 format_version: meta::FORMAT_VERSION,
                 replica_id: random_id(),
@@ -317,6 +323,7 @@ impl Replica {
     /// back.
     pub async fn open(dir: &Path, io: IoEngine) -> Result<Arc<Replica>> {
         let d = dir.to_owned();
+        let cache = io.cache();
         let (meta, chain, regions) = blocking("open replica", move || {
             if !d.join(META_FILE).exists() {
                 return Err(ReplicaError::NotAReplica { dir: d.clone(), why: format!("no {META_FILE}") });
@@ -343,7 +350,7 @@ impl Replica {
                 if !path.exists() {
                     return Err(ReplicaError::Corrupt { path, why: format!("{} is missing", l.id) });
                 }
-                let f = DataFile::open(&path, false).map_err(io_err(format!("open {}", path.display())))?;
+                let f = DataFile::open_as(&path, false, cache).map_err(io_err(format!("open {}", path.display())))?;
                 files.insert(l.id, Arc::new(f));
             }
             let head = &files[&meta.head];

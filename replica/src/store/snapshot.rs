@@ -66,8 +66,11 @@ impl Replica {
             .map_err(io_err("fdatasync head"))?;
         let size = self.size();
         let (dir, new_id) = (self.dir.clone(), LayerId(self.meta().next_layer_id + 1));
-        let new_file =
-            blocking("create head", move || create_layer_file(&dir, new_id, size)).await?;
+        let cache = self.io.cache();
+        let new_file = blocking("create head", move || {
+            create_layer_file(&dir, new_id, size, cache)
+        })
+        .await?;
         let name = name.to_string();
         self.commit_meta(|m| {
             let id = m.alloc_layer_id();
@@ -275,8 +278,11 @@ impl Replica {
         let size = self.size();
         let old_head = self.chain().head;
         let (dir, new_id) = (self.dir.clone(), LayerId(self.meta().next_layer_id + 1));
-        let new_file =
-            blocking("create head", move || create_layer_file(&dir, new_id, size)).await?;
+        let cache = self.io.cache();
+        let new_file = blocking("create head", move || {
+            create_layer_file(&dir, new_id, size, cache)
+        })
+        .await?;
         self.commit_meta(|m| {
             let id = m.alloc_layer_id();
             m.layers.retain(|l| l.id != old_head);
@@ -467,7 +473,11 @@ impl Replica {
             spec.size.min(self.size())
         };
         let (dir, id) = (self.dir.clone(), LayerId(self.meta().next_layer_id + 1));
-        let file = blocking("create layer", move || create_layer_file(&dir, id, size)).await?;
+        let cache = self.io.cache();
+        let file = blocking("create layer", move || {
+            create_layer_file(&dir, id, size, cache)
+        })
+        .await?;
         let spec = spec.clone();
         self.commit_meta(|m| {
             let new = m.alloc_layer_id();

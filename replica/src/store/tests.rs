@@ -9,12 +9,20 @@ use proptest::prelude::*;
 
 use super::{BLOCK_SIZE, Replica};
 use crate::error::ReplicaError;
-use crate::io::{BackendKind, IoEngine};
+use crate::io::{BackendKind, CacheMode, IoConfig, IoEngine};
 
 const KIB: u64 = 1024;
 
 fn io() -> IoEngine {
     IoEngine::new(BackendKind::Auto).expect("io engine")
+}
+
+fn io_with(cache: CacheMode) -> IoEngine {
+    let config = IoConfig {
+        cache,
+        ..IoConfig::default()
+    };
+    IoEngine::with_config(BackendKind::Auto, config).expect("io engine")
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -104,9 +112,9 @@ impl Model {
     }
 }
 
-async fn run_ops(dir: &Path, ops: Vec<Op>) -> Result<(), TestCaseError> {
+async fn run_ops(dir: &Path, ops: Vec<Op>, cache: CacheMode) -> Result<(), TestCaseError> {
     let initial = 128 * KIB;
-    let mut r = Replica::create(dir, initial, io())
+    let mut r = Replica::create(dir, initial, io_with(cache))
         .await
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut m = Model {
@@ -227,7 +235,7 @@ async fn run_ops(dir: &Path, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 prop_assert!(matches!(r.read(0, 4096).await, Err(ReplicaError::Closed)));
                 drop(r);
-                r = Replica::open(dir, io())
+                r = Replica::open(dir, io_with(cache))
                     .await
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
             }
@@ -277,11 +285,16 @@ proptest! {
         proptest::test_runner::FileFailurePersistence::SourceParallel("proptest-regressions"))), ..ProptestConfig::default() })]
 
     /// Random sequences of write, unmap, snapshot, delete, revert, purge, expand, flush and
-    /// reopen read back exactly like full copies would.
+    /// reopen read back exactly like full copies would, with layer files in the page cache
+    /// and with O_DIRECT.
     #[test]
-    fn store_matches_naive_model(ops in proptest::collection::vec(op(), 1..40)) {
+    fn store_matches_naive_model(
+        ops in proptest::collection::vec(op(), 1..40),
+        direct in any::<bool>(),
+    ) {
         let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
-        rt().block_on(run_ops(dir.path(), ops))?;
+        let cache = if direct { CacheMode::Direct } else { CacheMode::Page };
+        rt().block_on(run_ops(dir.path(), ops, cache))?;
     }
 }
 
