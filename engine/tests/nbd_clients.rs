@@ -106,7 +106,9 @@ async fn nbdcopy_round_trip_of_random_data_matches() {
 async fn fio_nbd_engine_verify_passes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start(file_server_dev(dir.path(), 64 << 20)).await;
+    // fio saves a verify state file in its working directory: keep it in the test's own.
     let out = run(Command::new("fio")
+        .current_dir(dir.path())
         .arg("--name=nbdverify")
         .arg("--ioengine=nbd")
         .arg(format!("--uri={}", server.uri()))
