@@ -572,6 +572,51 @@ mod tests {
         ));
     }
 
+    /// Bytes come out of the queue in order whatever way the writes are cut, `pending`
+    /// counts exactly what is left.
+    #[test]
+    fn out_queue_keeps_wire_order_and_counts_pending_bytes() {
+        for (hd, dd) in [(false, false), (true, true)] {
+            let pdus: Vec<(Bhs, Bytes)> = [0usize, 5, 4096, 10_000, 3]
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let mut b = Bhs::new(op::DATA_IN);
+                    b.set_itt(i as u32);
+                    b.set_data_len(n);
+                    (b, Bytes::from(vec![i as u8 + 1; n]))
+                })
+                .collect();
+            let mut want = Vec::new();
+            let mut q = OutQueue::new(hd, dd);
+            for (b, d) in &pdus {
+                let mut one = Vec::new();
+                encode(b, d, hd, dd, &mut BytesMut::new(), &mut one);
+                want.extend(one.concat());
+                q.push(b, d);
+            }
+            assert_eq!(q.pending(), want.len());
+            let mut got = Vec::new();
+            for cut in [1usize, 47, 100, 5000, 3, usize::MAX] {
+                let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+                let n = q.io_slices(&mut iov);
+                let mut taken = 0;
+                for s in &iov[..n] {
+                    let k = s.len().min(cut - taken);
+                    got.extend_from_slice(&s[..k]);
+                    taken += k;
+                    if taken == cut {
+                        break;
+                    }
+                }
+                q.advance(taken);
+                assert_eq!(q.pending(), want.len() - got.len());
+            }
+            assert!(q.is_empty());
+            assert_eq!(got, want);
+        }
+    }
+
     #[tokio::test]
     async fn truncated_header_is_an_error() {
         let wire = [0u8; 20];

@@ -18,7 +18,12 @@
 //! doubled its IOPS. Here the connection's task waits with one `select!` for whichever
 //! comes first: the socket becoming readable (more PDUs), a command completing, or the
 //! socket becoming writable while responses are queued. Whatever is ready is handled, and
-//! everything queued goes out in one `writev` per wake-up.
+//! everything queued goes out in one `writev` per wake-up. Measured on the example target
+//! over a file (benches/README.md, "iSCSI: one task per connection"; a shared, loaded
+//! machine): CPU per request fell from 6.5–6.8 to 5.6–5.9 µs for 4 KiB random reads at QD 32
+//! and from 530–730 to 455–550 µs for 1 MiB reads, 4 KiB writes stayed within noise; the
+//! session code is now ~3 % of the target's CPU, the rest is system calls (page cache,
+//! TCP).
 //!
 //! Input: PDUs are read into one [`BytesMut`] and cut off it by [`Framing::parse`]; data
 //! segments (immediate data, Data-Out, NOP-Out pings) are zero-copy slices of it, so a
@@ -262,6 +267,11 @@ impl<'t> Session<'t> {
         loop {
             self.parse_input();
             self.write_out();
+            if self.reading && self.has_room() && self.input_has_pdu() {
+                // Writing gave back budget that parsing was waiting for, and the next PDU is
+                // already buffered: no socket event would wake us for it.
+                continue;
+            }
             if !self.reading && self.running.is_empty() && (self.out.is_empty() || !self.socket_ok)
             {
                 return;
@@ -309,6 +319,15 @@ impl<'t> Session<'t> {
     /// Whether the response budget allows starting more commands.
     fn has_room(&self) -> bool {
         self.running_cost + (self.out.pending() as u64) < OUT_BUDGET
+    }
+
+    /// Whether a whole PDU (or a framing error) is waiting in the input buffer.
+    fn input_has_pdu(&self) -> bool {
+        match self.framing.frame_len(&self.input) {
+            Ok(Some(n)) => self.input.len() >= n,
+            Ok(None) => false,
+            Err(_) => true,
+        }
     }
 
     fn read_input(&mut self) {
