@@ -436,3 +436,86 @@ async fn writes_that_never_send_data_are_bounded_by_the_write_budget() {
     assert_eq!(r.opcode(), 0x31, "budget released by the abort");
     assert_eq!(r.u32_at(16), itt);
 }
+
+/// Resident memory of this process in KiB (the target runs in it).
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS in /proc/self/status")
+}
+
+/// An initiator that pipelines many large READs and never reads the answers must stop
+/// being read once the target holds its response budget: the target's memory stays
+/// bounded (not one buffer per READ sent), and another session on the same target keeps
+/// working meanwhile. Reading the answers later lets the slow session go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initiator_that_does_not_read_replies_is_throttled_and_blocks_nobody() {
+    let (addr, _stop) = start("127.0.0.28", None).await;
+    let mut slow = Client::login(addr).await;
+    let mut other = Client::login(addr).await;
+    let pattern = vec![0xa5u8; 4096];
+    let (_, st) = other.scsi(&rw10(0x2a, 0, 8), 0, &pattern).await;
+    assert_eq!(st, 0);
+    let rss_before = rss_kib();
+
+    // Immediate READ(10)s of 1 MiB, so the CmdSN window does not limit them (only the
+    // response budget does): 600 MiB of Data-In if the target buffered them all.
+    let read_len: u32 = 1 << 20;
+    let count = 600u32;
+    let mut wire = Vec::new();
+    for i in 0..count {
+        let mut b = bhs(0x41, 0x80 | 0x40); // immediate SCSI command; F, R
+        b[8..16].copy_from_slice(&LUN1);
+        put32(&mut b, 16, 1000 + i);
+        put32(&mut b, 20, read_len);
+        put32(&mut b, 24, slow.cmd_sn);
+        let cdb = rw10(0x28, 0, (read_len / 512) as u16);
+        b[32..32 + cdb.len()].copy_from_slice(&cdb);
+        wire.extend_from_slice(&b);
+    }
+    slow.s.write_all(&wire).await.expect("send READs");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Another session is served normally while the slow one is stuck.
+    for _ in 0..3 {
+        let (data, st) = other.scsi(&rw10(0x28, 0, 8), 4096, &[]).await;
+        assert_eq!(st, 0);
+        assert_eq!(data, pattern);
+    }
+    other.nop().await;
+
+    let budget_kib = zebu_engine::iscsi::session::OUT_BUDGET / 1024;
+    let grown = rss_kib().saturating_sub(rss_before);
+    // The budget, one command over it, socket buffers and whatever the other tests in
+    // this process hold: far below the 600 MiB the READs asked for.
+    assert!(
+        grown < budget_kib * 6,
+        "target memory grew by {grown} KiB with a response budget of {budget_kib} KiB"
+    );
+
+    // Reading the answers lets the target go on: every READ is answered, with the data.
+    let mut answered = 0;
+    let mut first = Vec::new();
+    while answered < count {
+        let r = slow
+            .recv_within(Duration::from_secs(20))
+            .await
+            .expect("Data-In once the initiator reads again");
+        assert_eq!(r.opcode(), 0x25, "Data-In");
+        let itt = r.u32_at(16);
+        assert!((1000..1000 + count).contains(&itt));
+        if itt == 1000 && r.u32_at(40) == 0 {
+            first = r.data[..4096].to_vec();
+        }
+        if r.bhs[1] & 0x01 != 0 {
+            assert_eq!(r.bhs[3], 0, "GOOD");
+            answered += 1;
+        }
+    }
+    assert_eq!(first, pattern, "the first READ's data");
+    slow.nop().await;
+}

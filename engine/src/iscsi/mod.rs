@@ -6,8 +6,8 @@
 //! Layout of the module tree:
 //! - [`pdu`]: PDU framing, digests, vectored writes;
 //! - [`login`] and [`chap`]: the login phase (None / CHAP / mutual CHAP, parameter negotiation);
-//! - [`session`]: the full feature phase of one connection (CmdSN window, Data-Out/R2T,
-//!   Data-In, task management, Text/SendTargets, NOP, Logout, Reject);
+//! - [`session`]: the full feature phase of one connection, one task each (CmdSN window,
+//!   Data-Out/R2T, Data-In, task management, Text/SendTargets, NOP, Logout, Reject);
 //! - [`scsi`], [`pages`] and [`sense`]: SCSI command execution.
 //!
 //! ```no_run
@@ -220,5 +220,10 @@ async fn connection(target: Arc<Target>, stream: TcpStream, shutdown: watch::Rec
             }
         };
     info!(initiator = %login.initiator, tsih = login.tsih, kind = ?login.kind, "login complete");
-    session::run(target.clone(), reader, wr, login, portal, shutdown).await;
+    // The session reads and writes from one task, on the whole stream again.
+    let (rd, input) = reader.into_inner();
+    let stream = rd
+        .reunite(wr)
+        .expect("invariant: both halves come from the same stream");
+    session::run(target.clone(), stream, input, login, portal, shutdown).await;
 }
