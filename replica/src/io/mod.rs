@@ -244,6 +244,15 @@ impl DataFile {
             CacheMode::Page => {
                 let file = opts.open(path)?;
                 lock_layer(&file, path, LAYER_LOCK_WAIT)?;
+                // No readahead: the engine reads what it needs, and readahead would fill the
+                // page cache with large folios, which make later small writes slow (see
+                // `PAGE_WRITE_PIECE`). Advice only: a filesystem that ignores it is fine.
+                // SAFETY: a plain advice call on a descriptor `file` owns.
+                let r =
+                    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+                if r != 0 {
+                    tracing::debug!(path = %path.display(), errno = r, "posix_fadvise(RANDOM) refused");
+                }
                 Ok(DataFile {
                     file,
                     direct: false,
@@ -529,10 +538,30 @@ impl IoEngine {
 /// A write to a buffered file: a copy into the page cache, done by the caller. It blocks only
 /// where the kernel throttles writers (too much dirty memory), which then holds back the
 /// whole replica as it should.
+///
+/// Written in pieces of at most [`PAGE_WRITE_PIECE`] bytes, so that the page cache holds the
+/// file in small folios (see there).
 fn write_cached(file: &DataFile, offset: u64, data: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
-    file.file().write_all_at(data, offset)
+    let mut at = offset;
+    for piece in data.chunks(PAGE_WRITE_PIECE) {
+        file.file().write_all_at(piece, at)?;
+        at += piece.len() as u64;
+    }
+    Ok(())
 }
+
+/// Largest piece of a page-cache write handed to the kernel at once.
+///
+/// Why: the page cache sizes a new folio by the write that creates it, so one 1 MiB write
+/// leaves a 1 MiB folio, and ext4 (Linux 6.16 and later, with large folios) walks every
+/// block of a folio on each write into it. Measured through the engine over NBD with three
+/// replicas (4 KiB random writes at QD 32 into a volume filled beforehand): 15.2k IOPS after
+/// a fill in 1 MiB writes, with 18 % of all CPU in `ext4_block_write_begin`, against 37.0k
+/// after a fill in 4 KiB writes. Pieces of 16 KiB keep folios at four blocks at most, for one
+/// `pwrite` per 16 KiB of a large write. Reads are kept from building large folios too, by
+/// `POSIX_FADV_RANDOM` on the file (no readahead), see [`DataFile::open_as`].
+pub const PAGE_WRITE_PIECE: usize = 16 << 10;
 
 /// Serves a read of a buffered file from the page cache, inline, when every byte is cached
 /// (`preadv2(RWF_NOWAIT)` never waits for the disk). `false` when it is not, or on any
