@@ -40,9 +40,10 @@
 #   zebu-1r >= nbdkit on every row (IOPS or MiB/s)
 #
 # Caveats to keep in mind when reading the table: the plain reference uses O_DIRECT, while
-# nbdkit's file plugin and FileDevice do buffered I/O, so their reads can come from the page
-# cache and their writes are not durable until a flush (fio sends none here); the replicas
-# use O_DIRECT. The engine, the replicas and fio share the machine's CPUs, which a real
+# nbdkit's file plugin, FileDevice and the replicas (by default, `--cache page`) do buffered
+# I/O, so their reads can come from the page cache and their writes are not durable until a
+# flush (fio sends none here); ZEBU_REPLICA_ARGS="--cache direct" measures replicas with
+# O_DIRECT instead. The engine, the replicas and fio share the machine's CPUs, which a real
 # deployment (replicas on other hosts) does not. The machine is shared, so compare rows of
 # one run, not runs of different days; the load average is recorded at start and end.
 #

@@ -30,6 +30,7 @@ pub mod control;
 pub mod iscsi;
 pub mod nbd;
 pub mod replicator;
+mod sockio;
 pub mod workload;
 
 // Offsets are u64 and buffers usize everywhere; they convert losslessly only on 64-bit.

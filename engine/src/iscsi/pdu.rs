@@ -426,19 +426,7 @@ impl OutQueue {
     pub fn advance(&mut self, n: usize) {
         debug_assert!(n <= self.pending);
         self.pending -= n;
-        let mut left = n;
-        while left > 0 {
-            let Some(front) = self.chunks.front_mut() else {
-                break;
-            };
-            if front.len() <= left {
-                left -= front.len();
-                self.chunks.pop_front();
-            } else {
-                front.advance(left);
-                left = 0;
-            }
-        }
+        crate::sockio::consume(&mut self.chunks, n);
     }
 
     /// Drops everything queued (the socket is gone).

@@ -279,12 +279,7 @@ impl<'t> Session<'t> {
             // parse_input() stopped either for want of bytes or for want of budget.
             let want_read = self.reading && self.has_room();
             let want_write = self.socket_ok && !self.out.is_empty();
-            let interest = match (want_read, want_write) {
-                (true, true) => Some(Interest::READABLE | Interest::WRITABLE),
-                (true, false) => Some(Interest::READABLE),
-                (false, true) => Some(Interest::WRITABLE),
-                (false, false) => None,
-            };
+            let interest = crate::sockio::interest(want_read, want_write);
             tokio::select! {
                 Some(done) = self.running.next(), if !self.running.is_empty() => {
                     self.complete(done);

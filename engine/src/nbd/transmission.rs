@@ -235,12 +235,7 @@ impl<'d> Conn<'d> {
             }
             let want_read = self.reading && waiting_shared.is_none() && self.wants_input();
             let want_write = self.socket_ok && !self.out.is_empty();
-            let interest = match (want_read, want_write) {
-                (true, true) => Some(Interest::READABLE | Interest::WRITABLE),
-                (true, false) => Some(Interest::READABLE),
-                (false, true) => Some(Interest::WRITABLE),
-                (false, false) => None,
-            };
+            let interest = crate::sockio::interest(want_read, want_write);
             let shared_want = waiting_shared.unwrap_or(0);
             tokio::select! {
                 Some(done) = self.running.next(), if !self.running.is_empty() => {
@@ -623,20 +618,8 @@ impl ReplyQueue {
     /// Consumes `n` written bytes; returns the units of the replies now fully written.
     fn advance(&mut self, n: usize) -> u32 {
         self.written += n as u64;
-        let mut left = n;
-        while left > 0 {
-            let front = self
-                .chunks
-                .front_mut()
-                .expect("invariant: written bytes were queued");
-            if front.len() <= left {
-                left -= front.len();
-                self.chunks.pop_front();
-            } else {
-                front.advance(left);
-                left = 0;
-            }
-        }
+        let missing = crate::sockio::consume(&mut self.chunks, n);
+        debug_assert_eq!(missing, 0, "written bytes were queued");
         let mut units = 0;
         while let Some(&(end, u)) = self.ends.front() {
             if end > self.written {
