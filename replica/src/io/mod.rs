@@ -4,10 +4,11 @@
 //! Page-cache files (the replica's default) skip the back end where waiting is not needed: a
 //! write is a copy into the page cache done by the caller, and a read whose bytes are all
 //! cached is served inline (`preadv2(RWF_NOWAIT)`); only reads that would wait for the disk,
-//! and `sync`, go to a back end. Measured through the engine over NBD (benches/README.md),
-//! this roughly doubled 4 KiB random IOPS through one replica and halved the latency of a
-//! QD 1 write: each request used to cross to a ring thread and back, and every write into
-//! a sparse layer that allocated a block was punted to a kernel worker thread.
+//! and `sync`, go to a back end. Measured through the engine over NBD against `Direct` in the
+//! same hour (benches/README.md): 4 KiB random reads through one replica 1.7×, writes 1.3×,
+//! through three replicas 2.3× and 1.8×, and half the latency of a QD 1 write: each request
+//! used to cross to a ring thread and back, and every write into a sparse layer that
+//! allocated a block was punted to a kernel worker thread.
 //!
 //! [`IoEngine::new`] with [`BackendKind::Auto`] tries io_uring and falls back to the thread
 //! pool when the kernel refuses it (old kernel, seccomp, `io_uring_disabled`). Both back ends
