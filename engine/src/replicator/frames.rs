@@ -434,6 +434,70 @@ mod tests {
         assert!(matches!(c, Err(PathError::NoSpace(m)) if m == "full"));
     }
 
+    /// A fake replica that answers every read as soon as it arrives, with the request id in
+    /// every byte; it reports on `eof` when the client's side of the connection ends.
+    async fn echo(eof: tokio::sync::oneshot::Sender<()>) -> String {
+        fake(Response::ok(0), 0, |mut s, _| async move {
+            let mut buf = BytesMut::new();
+            loop {
+                match frames::decode_request(&mut buf).unwrap() {
+                    Decoded::Frame(r) => {
+                        let RequestOp::Read { length, .. } = r.op else {
+                            panic!("only reads here")
+                        };
+                        let resp = Response {
+                            data: Bytes::from(vec![r.id as u8; length as usize]),
+                            ..Response::ok(r.id)
+                        };
+                        answer(&mut s, &[resp]).await;
+                    }
+                    Decoded::Need(_) => match s.read_buf(&mut buf).await {
+                        Ok(n) if n > 0 => {}
+                        _ => break,
+                    },
+                }
+            }
+            let _ = eof.send(());
+        })
+        .await
+    }
+
+    /// Requests one at a time and in bursts on one connection all get their own answers;
+    /// close ends the connection at once, while the path object still exists.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sequential_and_burst_requests_get_their_answers_and_close_ends_the_connection() {
+        let (eof_tx, eof_rx) = tokio::sync::oneshot::channel();
+        let addr = echo(eof_tx).await;
+        let p = FramedDataPath::open(&addr, 7, T).await.unwrap();
+        let mut id = 0u64;
+        for round in 0..3 {
+            for _ in 0..20 {
+                id += 1;
+                let got = p.read(id, 0, 512).await.unwrap();
+                assert_eq!(
+                    got,
+                    Bytes::from(vec![id as u8; 512]),
+                    "round {round} id {id}"
+                );
+            }
+            let ids: Vec<u64> = (id + 1..=id + 64).collect();
+            id += 64;
+            let reads = ids.iter().map(|&i| p.read(i, 0, 4096));
+            for (i, got) in ids.iter().zip(futures::future::join_all(reads).await) {
+                assert_eq!(got.unwrap(), Bytes::from(vec![*i as u8; 4096]), "id {i}");
+            }
+        }
+        p.close();
+        tokio::time::timeout(T, eof_rx)
+            .await
+            .expect("the replica sees the connection end right after close")
+            .expect("fake finished");
+        assert!(matches!(
+            p.read(999, 0, 512).await,
+            Err(PathError::Disconnected(_))
+        ));
+    }
+
     #[tokio::test]
     async fn a_refused_hello_carries_the_reason() {
         let refusal = Response {
