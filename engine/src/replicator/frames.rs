@@ -364,14 +364,7 @@ mod tests {
             let hello_in = Hello::decode(&h).unwrap();
             assert_eq!(hello_in.version, frames::VERSION);
             assert_eq!(hello_in.generation, 7);
-            let mut b = Batch::default();
-            b.push_response(&hello);
-            let bytes: Vec<u8> = b
-                .io_slices()
-                .iter()
-                .flat_map(|x| x.iter().copied())
-                .collect();
-            s.write_all(&bytes).await.unwrap();
+            answer(&mut s, std::slice::from_ref(&hello)).await;
             let mut buf = BytesMut::new();
             let mut reqs = Vec::new();
             while reqs.len() < take {
@@ -392,12 +385,7 @@ mod tests {
         for r in resps {
             b.push_response(r);
         }
-        let bytes: Vec<u8> = b
-            .io_slices()
-            .iter()
-            .flat_map(|x| x.iter().copied())
-            .collect();
-        s.write_all(&bytes).await.unwrap();
+        b.write_to(s).await.unwrap();
     }
 
     #[tokio::test]

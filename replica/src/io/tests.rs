@@ -27,6 +27,13 @@ fn direct_file(dir: &tempfile::TempDir) -> Arc<DataFile> {
     Arc::new(file)
 }
 
+/// One submitting thread, as the replica's connection tasks are.
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime")
+}
+
 fn disk_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("zebu-io-unit")
@@ -63,9 +70,7 @@ fn concurrent_shared_writes_from_many_threads(kind: BackendKind) {
         .map(|t| {
             let (io, file) = (io.clone(), file.clone());
             std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .build()
-                    .expect("runtime");
+                let rt = rt();
                 rt.block_on(async {
                     let writes = (0..PER_THREAD).map(|i| {
                         let (io, file) = (io.clone(), file.clone());
@@ -91,9 +96,7 @@ fn concurrent_shared_writes_from_many_threads(kind: BackendKind) {
     for s in submitters {
         s.join().expect("submitter thread");
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
+    let rt = rt();
     rt.block_on(io.sync(&file)).expect("sync");
     let on_disk = std::fs::read(dir.path().join("f")).expect("read file");
     for n in 0..THREADS * PER_THREAD {
@@ -116,9 +119,7 @@ fn dropped_shared_write_keeps_its_memory(kind: BackendKind) {
     let dir = disk_dir();
     let io = engine(kind);
     let file = direct_file(&dir);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
+    let rt = rt();
     let len = 16 * BLOCK;
     let rounds = 64u64;
     let mut abandoned = 0;
@@ -180,9 +181,7 @@ fn reads_into_recycled_buffers_are_exact(kind: BackendKind) {
 
 fn reads_into_garbage_are_exact(io: &IoEngine, file: &Arc<DataFile>) {
     let data = pattern(77, 3 * BLOCK);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
+    let rt = rt();
     rt.block_on(io.write_at(file, 0, AlignedBuf::copy_from(&data)))
         .expect("write");
     let back = rt
@@ -200,9 +199,7 @@ fn unaligned_shared_write_is_copied(kind: BackendKind) {
     let dir = disk_dir();
     let io = engine(kind);
     let file = direct_file(&dir);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
+    let rt = rt();
     let backing = Bytes::from(pattern(3, 2 * BLOCK + 1));
     // A slice one byte into the allocation cannot be page aligned.
     let data = backing.slice(1..);
@@ -226,9 +223,7 @@ fn page_cache_reads_hit_and_miss_alike(kind: BackendKind) {
     let path = dir.path().join("page");
     let file = Arc::new(DataFile::open_as(&path, true, CacheMode::Page).expect("create"));
     assert!(!file.is_direct());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
+    let rt = rt();
     let data = pattern(11, BLOCKS * BLOCK);
     // Half from aligned buffers, half from unaligned `Bytes` (fine without O_DIRECT).
     let half = BLOCKS / 2 * BLOCK;
