@@ -25,6 +25,7 @@
 //! ```
 
 pub mod blockdev;
+pub mod busypoll;
 pub mod cli_args;
 pub mod control;
 pub mod iscsi;
