@@ -1,4 +1,4 @@
-//! Data frames, version 1: the replica data stream of `replica.proto` as fixed binary headers
+//! Data frames, version 2: the replica data stream of `replica.proto` as fixed binary headers
 //! over a plain TCP connection, without HTTP/2 or protobuf.
 //!
 //! The semantics are exactly those of the gRPC `Data` stream: a hello with the protocol
@@ -14,7 +14,7 @@
 //! ```text
 //! hello, client -> server, once, 16 bytes
 //!   0  [u8; 4]  magic "ZBDF"
-//!   4  u32      protocol version (1)
+//!   4  u32      protocol version (1 or 2; see "Versions")
 //!   8  u64      generation
 //!
 //! request header, client -> server, 40 bytes, then `length` payload bytes for a write
@@ -29,7 +29,9 @@
 //! response header, server -> client, 32 bytes, then `message length` bytes of UTF-8,
 //! then `payload length` bytes of read data
 //!   0  u8       status: 0 OK, 1 INVALID, 2 IO_ERROR, 3 NO_SPACE, 4 UNAVAILABLE
-//!   1  u8       flags: bit 0 END (see below); other bits must be 0
+//!   1  u8       flags: bit 0 END (see below); bit 1 ZEROS (version 2, OK answers only:
+//!               the payload is `payload length` zero bytes, and none of them follow);
+//!               other bits must be 0
 //!   2  u16      reserved, 0
 //!   4  u32      message length (<= MAX_MESSAGE_LEN)
 //!   8  u64      id (0: the hello's answer, or an END notice)
@@ -45,6 +47,16 @@
 //! higher generation, replica closed), the server sends a response with the END flag, id 0,
 //! a non-OK status and the reason, after the answers of every request already running, and
 //! closes the connection; nothing follows an END.
+//!
+//! # Versions
+//!
+//! - 1: the layout above without the ZEROS flag.
+//! - 2: a read answer whose data is all zeros because no layer holds it (a hole) may carry
+//!   the ZEROS flag instead of its payload: reads of unwritten space cost a header, not
+//!   megabytes over the network. A server speaks both and answers a version-1 client with
+//!   version-1 frames; a client refused for its version by a version-1 server says hello
+//!   again with version 1. The receiver gets its zeros from [`zeros`], a static buffer, so
+//!   they cost no memory either.
 //!
 //! # Limits and malformed input
 //!
@@ -75,8 +87,12 @@ use crate::replica::{MAX_IO_BYTES, MAX_MESSAGE_BYTES, Status};
 /// The first bytes of a frames connection. `Z` differs from `P`, the first byte of the
 /// HTTP/2 preface, which lets one port serve both.
 pub const MAGIC: [u8; 4] = *b"ZBDF";
-/// The frames protocol version this build speaks (changelog in `replica.proto`).
-pub const VERSION: u32 = 1;
+/// The newest frames protocol version this build speaks (see "Versions" above).
+pub const VERSION: u32 = 2;
+/// The oldest version this build still speaks.
+pub const MIN_VERSION: u32 = 1;
+/// The first version with the ZEROS answer flag.
+pub const ZEROS_VERSION: u32 = 2;
 pub const HELLO_LEN: usize = 16;
 pub const REQUEST_HEADER_LEN: usize = 40;
 pub const RESPONSE_HEADER_LEN: usize = 32;
@@ -91,6 +107,26 @@ const OP_UNMAP: u8 = 3;
 const OP_FLUSH: u8 = 4;
 const REQ_FLAG_ZERO_FILL: u8 = 1;
 const RESP_FLAG_END: u8 = 1;
+const RESP_FLAG_ZEROS: u8 = 2;
+
+/// Zeros for holes: [`MAX_IO_BYTES`] of them in the zero-initialised data segment, so the
+/// pages are never written and cost no memory (reads map the kernel's shared zero page).
+static ZERO_BYTES: [u8; MAX_IO_BYTES as usize] = [0; MAX_IO_BYTES as usize];
+
+/// `len` zero bytes without allocating (up to [`MAX_IO_BYTES`]; longer ones are allocated).
+pub fn zeros(len: usize) -> Bytes {
+    match ZERO_BYTES.get(..len) {
+        Some(z) => Bytes::from_static(z),
+        None => Bytes::from(vec![0u8; len]),
+    }
+}
+
+/// Whether `b` is (a slice of) what [`zeros`] returns: data known to be zeros without
+/// looking at it.
+pub fn is_zeros(b: &Bytes) -> bool {
+    let z = ZERO_BYTES.as_ptr_range();
+    !b.is_empty() && z.contains(&b.as_ptr()) && b.len() <= z.end as usize - b.as_ptr() as usize
+}
 
 /// Input that is not a valid frame; the connection that carried it cannot go on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -357,6 +393,7 @@ pub struct Response {
     pub end: bool,
     pub message: String,
     pub flush_number: u64,
+    /// A read's data; from a ZEROS answer, [`zeros`].
     pub data: Bytes,
 }
 
@@ -398,6 +435,7 @@ impl Response {
             message_len: self.wire_message().len() as u32,
             flush_number: self.flush_number,
             payload_len: self.data.len() as u32,
+            zeros: false,
         }
     }
 }
@@ -431,13 +469,15 @@ pub struct ResponseHeader {
     pub message_len: u32,
     pub flush_number: u64,
     pub payload_len: u32,
+    /// The payload is `payload_len` zeros that are not sent (version 2).
+    pub zeros: bool,
 }
 
 impl ResponseHeader {
     pub fn encode(&self) -> [u8; RESPONSE_HEADER_LEN] {
         let mut b = [0u8; RESPONSE_HEADER_LEN];
         b[0] = status_byte(self.status);
-        b[1] = if self.end { RESP_FLAG_END } else { 0 };
+        b[1] = (u8::from(self.end) * RESP_FLAG_END) | (u8::from(self.zeros) * RESP_FLAG_ZEROS);
         b[4..8].copy_from_slice(&self.message_len.to_le_bytes());
         b[8..16].copy_from_slice(&self.id.to_le_bytes());
         b[16..24].copy_from_slice(&self.flush_number.to_le_bytes());
@@ -448,7 +488,8 @@ impl ResponseHeader {
     pub fn decode(b: &[u8; RESPONSE_HEADER_LEN]) -> Result<ResponseHeader, FrameError> {
         let status =
             Status::try_from(i32::from(b[0])).map_err(|_| FrameError::UnknownStatus(b[0]))?;
-        if b[1] & !RESP_FLAG_END != 0 {
+        let zeros = b[1] & RESP_FLAG_ZEROS != 0;
+        if b[1] & !(RESP_FLAG_END | RESP_FLAG_ZEROS) != 0 || (zeros && status != Status::Ok) {
             return Err(FrameError::BadFlags {
                 what: "a response",
                 flags: b[1],
@@ -464,6 +505,7 @@ impl ResponseHeader {
             message_len: u32_at(b, 4),
             flush_number: u64_at(b, 16),
             payload_len: u32_at(b, 24),
+            zeros,
         };
         if h.message_len as usize > MAX_MESSAGE_LEN {
             return Err(FrameError::TooLarge {
@@ -490,7 +532,8 @@ pub fn decode_response(buf: &mut BytesMut) -> Result<Decoded<Response>, FrameErr
     };
     let h = ResponseHeader::decode(head)?;
     let (msg_len, data_len) = (h.message_len as usize, h.payload_len as usize);
-    let total = RESPONSE_HEADER_LEN + msg_len + data_len;
+    let sent_len = if h.zeros { 0 } else { data_len };
+    let total = RESPONSE_HEADER_LEN + msg_len + sent_len;
     if buf.len() < total {
         return Ok(Decoded::Need(total));
     }
@@ -498,7 +541,11 @@ pub fn decode_response(buf: &mut BytesMut) -> Result<Decoded<Response>, FrameErr
     // A peer's bad UTF-8 only garbles its own error text; not worth ending the stream.
     let message = String::from_utf8_lossy(&buf[..msg_len]).into_owned();
     buf.advance(msg_len);
-    let data = buf.split_to(data_len).freeze();
+    let data = if h.zeros {
+        zeros(data_len)
+    } else {
+        buf.split_to(data_len).freeze()
+    };
     Ok(Decoded::Frame(Response {
         id: h.id,
         status: h.status,
@@ -522,9 +569,20 @@ pub struct Batch {
     parts: Vec<Result<usize, Bytes>>,
     frames: usize,
     len: usize,
+    /// Send data from [`zeros`] as a ZEROS flag (the peer speaks version 2).
+    zeros_as_flag: bool,
 }
 
 impl Batch {
+    /// A batch for a peer that speaks `version`: from version 2 on, answers whose data came
+    /// from [`zeros`] go out as a ZEROS flag without their payload.
+    pub fn for_version(version: u32) -> Batch {
+        Batch {
+            zeros_as_flag: version >= ZEROS_VERSION,
+            ..Batch::default()
+        }
+    }
+
     pub fn push_request(&mut self, req: &Request) {
         self.stage(&req.header().encode());
         if let Some(data) = req.payload() {
@@ -534,9 +592,13 @@ impl Batch {
     }
 
     pub fn push_response(&mut self, resp: &Response) {
-        self.stage(&resp.header().encode());
+        let mut h = resp.header();
+        h.zeros = self.zeros_as_flag && resp.status == Status::Ok && is_zeros(&resp.data);
+        self.stage(&h.encode());
         self.stage(resp.wire_message().as_bytes());
-        self.payload(&resp.data);
+        if !h.zeros {
+            self.payload(&resp.data);
+        }
         self.frames += 1;
     }
 

@@ -55,9 +55,14 @@ impl Frames {
 
     /// Connects and sends a hello; returns the connection and the hello's answer.
     async fn hello(addr: SocketAddr, generation: u64) -> (Frames, Response) {
+        Frames::hello_in(addr, generation, frames::VERSION).await
+    }
+
+    /// [`Frames::hello`] in protocol `version`.
+    async fn hello_in(addr: SocketAddr, generation: u64, version: u32) -> (Frames, Response) {
         let mut c = Frames::connect(addr).await;
         let hello = Hello {
-            version: frames::VERSION,
+            version,
             generation,
         };
         c.send_raw(&hello.encode()).await;
@@ -217,6 +222,98 @@ async fn frames_read_your_writes() {
     // A clean close from the client ends the stream without an END notice.
     c.stream.shutdown().await.unwrap();
     assert_eq!(c.expect_end().await, None);
+}
+
+/// Reads `length` bytes at `offset` followed by a flush, taking the answers off the socket
+/// byte by byte: the flush's header must come right after the read's header and whatever
+/// payload that header announces as sent. Returns the read's ZEROS flag and the payload sent.
+async fn read_on_wire(c: &mut Frames, offset: u64, length: u64) -> (bool, Vec<u8>) {
+    let ids = c
+        .send(vec![
+            RequestOp::Read { offset, length },
+            RequestOp::Flush { flush_number: 0 },
+        ])
+        .await;
+    assert!(
+        c.buf.is_empty(),
+        "nothing buffered: the bytes are read here"
+    );
+    let mut head = [0u8; frames::RESPONSE_HEADER_LEN];
+    let mut take = async |buf: &mut [u8]| {
+        tokio::time::timeout(WAIT, c.stream.read_exact(buf))
+            .await
+            .expect("answered within the wait")
+            .expect("read");
+    };
+    take(&mut head).await;
+    let h = frames::ResponseHeader::decode(&head).expect("a header");
+    assert_eq!(
+        (h.id, h.status, u64::from(h.payload_len)),
+        (ids[0], Status::Ok, length)
+    );
+    let mut payload = vec![0u8; if h.zeros { 0 } else { length as usize }];
+    take(&mut payload).await;
+    take(&mut head).await;
+    let f = frames::ResponseHeader::decode(&head).expect("the flush's header");
+    assert_eq!(
+        f.id, ids[1],
+        "the flush answer follows the read's announced bytes"
+    );
+    (h.zeros, payload)
+}
+
+/// Version 2 answers a read of never-written or punched space with a ZEROS flag and no
+/// payload on the wire; written zeros are data; a version-1 client gets every byte; other
+/// versions are refused with the versions spoken.
+#[tokio::test]
+async fn holes_are_answered_without_payload_from_version_2_on() {
+    const MIB: u64 = 1 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let r = start(&tmp, 46);
+    let (mut c, answer) = Frames::hello_in(r.addr, 1, 2).await;
+    assert_eq!(answer.status, Status::Ok, "{answer}");
+    c.write(0, block_data(0, 3)).await;
+    let punched = c
+        .call(RequestOp::Unmap {
+            offset: 2 * BLOCK,
+            length: BLOCK,
+            zero_fill: false,
+        })
+        .await;
+    assert_eq!(punched.status, Status::Ok);
+    let zero_filled = c
+        .call(RequestOp::Unmap {
+            offset: 3 * BLOCK,
+            length: BLOCK,
+            zero_fill: true,
+        })
+        .await;
+    assert_eq!(zero_filled.status, Status::Ok);
+    let (zeros, _) = read_on_wire(&mut c, 16 * MIB, MIB).await;
+    assert!(zeros, "never-written space travels as a flag");
+    let (zeros, _) = read_on_wire(&mut c, 2 * BLOCK, BLOCK).await;
+    assert!(zeros, "punched space travels as a flag");
+    let (zeros, data) = read_on_wire(&mut c, 3 * BLOCK, BLOCK).await;
+    assert!(!zeros, "written zeros are data");
+    assert!(data.iter().all(|&b| b == 0));
+    let (zeros, data) = read_on_wire(&mut c, 0, BLOCK).await;
+    assert!(!zeros);
+    assert_eq!(decode(0, &data), Ok(3));
+
+    let (mut v1, answer) = Frames::hello_in(r.addr, 1, 1).await;
+    assert_eq!(
+        answer.status,
+        Status::Ok,
+        "version 1 is still spoken: {answer}"
+    );
+    let (zeros, data) = read_on_wire(&mut v1, 16 * MIB, MIB).await;
+    assert!(!zeros, "a version-1 client gets the bytes");
+    assert!(data.iter().all(|&b| b == 0));
+
+    let (mut v3, answer) = Frames::hello_in(r.addr, 1, 3).await;
+    assert_ne!(answer.status, Status::Ok);
+    assert!(answer.message.contains("protocol version 3"), "{answer}");
+    assert!(v3.expect_end().await.is_none(), "nothing after the refusal");
 }
 
 #[tokio::test]

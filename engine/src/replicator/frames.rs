@@ -19,6 +19,10 @@
 //!   sets the replica ERR), and so does every later call.
 //! - Connect and hello are bounded by the I/O timeout; a refused hello (stale generation,
 //!   closed replica) is [`PathError::Refused`] with the replica's message.
+//! - The hello asks for [`frames::VERSION`], whose answers may carry a hole as a ZEROS flag
+//!   (decoded into static zeros: no bytes on the wire, no allocation here). A replica of an
+//!   older build refuses that version; the path then says hello again in
+//!   [`frames::MIN_VERSION`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -97,9 +101,18 @@ impl FramedDataPath {
         generation: u64,
         timeout: Duration,
     ) -> Result<FramedDataPath, PathError> {
-        let (stream, rest) = tokio::time::timeout(timeout, handshake(addr, generation))
-            .await
-            .map_err(|_| PathError::Timeout(timeout))??;
+        let (stream, rest) = tokio::time::timeout(timeout, async {
+            match handshake(addr, generation, frames::VERSION).await {
+                // A replica of an older build: say hello again in its version.
+                Err(PathError::Refused(why)) if why.contains("protocol version") => {
+                    tracing::info!(replica = %addr, "frames: {why}; using version {}", frames::MIN_VERSION);
+                    handshake(addr, generation, frames::MIN_VERSION).await
+                }
+                other => other,
+            }
+        })
+        .await
+        .map_err(|_| PathError::Timeout(timeout))??;
         let (rd, wr) = stream.into_split();
         let conn = Arc::new(Conn {
             addr: addr.to_string(),
@@ -156,9 +169,13 @@ impl FramedDataPath {
     }
 }
 
-/// Connects, sends the hello and reads its answer; returns the stream and any bytes read
-/// past the answer.
-async fn handshake(addr: &str, generation: u64) -> Result<(TcpStream, BytesMut), PathError> {
+/// Connects, sends the hello in `version` and reads its answer; returns the stream and any
+/// bytes read past the answer.
+async fn handshake(
+    addr: &str,
+    generation: u64,
+    version: u32,
+) -> Result<(TcpStream, BytesMut), PathError> {
     let disconnected =
         |what: &str, e: std::io::Error| PathError::Disconnected(format!("{what} {addr}: {e}"));
     let mut stream = TcpStream::connect(addr)
@@ -169,7 +186,7 @@ async fn handshake(addr: &str, generation: u64) -> Result<(TcpStream, BytesMut),
         .set_nodelay(true)
         .map_err(|e| disconnected("TCP_NODELAY on", e))?;
     let hello = Hello {
-        version: frames::VERSION,
+        version,
         generation,
     };
     stream
@@ -498,6 +515,61 @@ mod tests {
             Err(e) => panic!("wrong error {e}"),
             Ok(_) => panic!("a refused hello opened the path"),
         }
+    }
+
+    /// A replica of an older build refuses the hello for its version; the path says hello
+    /// again in version 1 on a new connection and works, with the bytes of a hole sent in
+    /// full as version 1 has them.
+    #[tokio::test]
+    async fn a_version_1_replica_is_spoken_to_in_version_1() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let mut versions = Vec::new();
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                let mut h = [0u8; frames::HELLO_LEN];
+                s.read_exact(&mut h).await.unwrap();
+                let hello = Hello::decode(&h).unwrap();
+                versions.push(hello.version);
+                if hello.version != 1 {
+                    let refusal = Response {
+                        end: true,
+                        ..Response::failed(
+                            0,
+                            pb::Status::Invalid,
+                            format!(
+                                "protocol version {} is not supported; this replica speaks version 1",
+                                hello.version
+                            ),
+                        )
+                    };
+                    answer(&mut s, &[refusal]).await;
+                    continue;
+                }
+                answer(&mut s, &[Response::ok(0)]).await;
+                let mut buf = BytesMut::new();
+                let req = loop {
+                    match frames::decode_request(&mut buf).unwrap() {
+                        Decoded::Frame(r) => break r,
+                        Decoded::Need(_) => assert!(s.read_buf(&mut buf).await.unwrap() > 0),
+                    }
+                };
+                let mut b = Batch::for_version(1);
+                b.push_response(&Response {
+                    data: frames::zeros(4096),
+                    ..Response::ok(req.id)
+                });
+                b.write_to(&mut s).await.unwrap();
+                return (versions, s);
+            }
+        });
+        let p = FramedDataPath::open(&addr, 7, T).await.unwrap();
+        let data = p.read(1, 0, 4096).await.unwrap();
+        assert_eq!(data, Bytes::from(vec![0u8; 4096]));
+        assert!(!frames::is_zeros(&data), "version 1 sent the bytes");
+        let (versions, _s) = server.await.unwrap();
+        assert_eq!(versions, [frames::VERSION, 1]);
     }
 
     #[tokio::test]

@@ -38,12 +38,12 @@ fn one_response(buf: &mut BytesMut) -> Response {
 fn magic_differs_from_the_http2_preface() {
     assert_ne!(MAGIC[0], b"PRI * HTTP/2.0"[0]);
     let h = Hello {
-        version: VERSION,
+        version: 2,
         generation: 0x0102_0304_0506_0708,
     };
     let b = h.encode();
     assert_eq!(&b[..4], b"ZBDF");
-    assert_eq!(&b[4..8], &[1, 0, 0, 0], "little-endian version");
+    assert_eq!(&b[4..8], &[2, 0, 0, 0], "little-endian version");
     assert_eq!(b[8], 0x08, "little-endian generation");
     assert_eq!(Hello::decode(&b), Ok(h));
     let mut bad = b;
@@ -254,6 +254,62 @@ fn responses_round_trip_with_message_and_data() {
 }
 
 #[test]
+fn holes_travel_as_a_flag_to_version_2_peers_only() {
+    const MIB: usize = 1 << 20;
+    let hole = Response {
+        data: zeros(MIB),
+        ..Response::ok(5)
+    };
+    // Zeros that are real data (not from `zeros`) are sent as they are.
+    let written_zeros = Response {
+        data: Bytes::from(vec![0u8; 4096]),
+        ..Response::ok(6)
+    };
+    let mut v2 = Batch::for_version(2);
+    v2.push_response(&hole);
+    v2.push_response(&written_zeros);
+    let bytes = gather(&v2);
+    assert_eq!(bytes.len(), v2.len());
+    assert_eq!(
+        bytes.len(),
+        2 * RESPONSE_HEADER_LEN + 4096,
+        "no payload for the hole"
+    );
+    let mut buf = BytesMut::from(&bytes[..]);
+    let back = one_response(&mut buf);
+    assert_eq!(back, hole);
+    assert!(is_zeros(&back.data), "the receiver's zeros cost no memory");
+    assert_eq!(back.data.len(), MIB);
+    assert_eq!(one_response(&mut buf), written_zeros);
+    assert!(buf.is_empty());
+
+    let mut v1 = Batch::for_version(1);
+    v1.push_response(&hole);
+    let bytes = gather(&v1);
+    assert_eq!(
+        bytes.len(),
+        RESPONSE_HEADER_LEN + MIB,
+        "version 1 gets the bytes"
+    );
+    let back = one_response(&mut BytesMut::from(&bytes[..]));
+    assert_eq!(back, hole);
+    assert!(!is_zeros(&back.data));
+}
+
+#[test]
+fn zeros_are_recognised_by_where_they_live() {
+    assert!(is_zeros(&zeros(4096)));
+    assert!(is_zeros(&zeros(MAX_IO_BYTES as usize)));
+    assert!(is_zeros(&zeros(8192).slice(4096..)));
+    assert!(!is_zeros(&zeros(0)), "nothing to leave out");
+    assert!(!is_zeros(&Bytes::from(vec![0u8; 4096])));
+    let big = zeros(MAX_IO_BYTES as usize + 1);
+    assert_eq!(big.len(), MAX_IO_BYTES as usize + 1);
+    assert!(big.iter().all(|&b| b == 0));
+    assert!(!is_zeros(&big));
+}
+
+#[test]
 fn long_messages_are_cut_on_a_char_boundary() {
     let msg = "é".repeat(MAX_MESSAGE_LEN); // 2 bytes each
     let r = Response::failed(1, Status::IoError, msg);
@@ -274,9 +330,16 @@ fn malformed_response_headers_are_errors() {
         Err(FrameError::UnknownStatus(5))
     );
     let mut h = good;
-    h[1] = 2;
+    h[1] = 4;
     assert!(matches!(
         ResponseHeader::decode(&h),
+        Err(FrameError::BadFlags { .. })
+    ));
+    // ZEROS is for data, which only an OK answer has.
+    let mut h = Response::failed(1, Status::IoError, "x").header();
+    h.zeros = true;
+    assert!(matches!(
+        ResponseHeader::decode(&h.encode()),
         Err(FrameError::BadFlags { .. })
     ));
     let mut h = good;
@@ -344,15 +407,18 @@ fn arb_response() -> impl Strategy<Value = Response> {
         any::<bool>(),
         "\\PC{0,40}",
         any::<u64>(),
-        proptest::collection::vec(any::<u8>(), 0..40_000),
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..40_000).prop_map(Bytes::from),
+            (0usize..40_000).prop_map(zeros),
+        ],
     )
-        .prop_map(|(id, s, end, message, flush_number, d)| Response {
+        .prop_map(|(id, s, end, message, flush_number, data)| Response {
             id,
             status: Status::try_from(s).expect("0..5 are statuses"),
             end,
             message,
             flush_number,
-            data: Bytes::from(d),
+            data,
         })
 }
 
@@ -397,12 +463,27 @@ proptest! {
     }
 
     #[test]
-    fn responses_round_trip(resps in proptest::collection::vec(arb_response(), 1..8), step in 1usize..5000) {
-        let mut batch = Batch::default();
+    fn responses_round_trip(
+        resps in proptest::collection::vec(arb_response(), 1..8),
+        step in 1usize..5000,
+        version in MIN_VERSION..=VERSION,
+    ) {
+        let mut batch = Batch::for_version(version);
         for r in &resps {
             batch.push_response(r);
         }
         let bytes = gather(&batch);
+        prop_assert_eq!(bytes.len(), batch.len());
+        let left_out: usize = resps
+            .iter()
+            .filter(|r| version >= ZEROS_VERSION && r.status == Status::Ok && is_zeros(&r.data))
+            .map(|r| r.data.len())
+            .sum();
+        let full: usize = resps
+            .iter()
+            .map(|r| RESPONSE_HEADER_LEN + r.wire_message().len() + r.data.len())
+            .sum();
+        prop_assert_eq!(bytes.len(), full - left_out);
         prop_assert_eq!(decode_all(&bytes, step, decode_response)?, resps);
     }
 

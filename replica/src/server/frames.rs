@@ -19,6 +19,10 @@
 //! `data::run_op`), so both transports refuse, fence and answer identically: a higher
 //! generation accepted on either ends streams of both kinds, and a close ends them all.
 //!
+//! Both protocol versions are spoken, each connection in its client's: from version 2 on, a
+//! read of a hole (the store returns `frames::zeros`) is answered with the ZEROS flag and no
+//! payload.
+//!
 //! When the stream is fenced or the replica closes, the task stops reading, lets the requests
 //! already running answer, sends an END response with the reason and closes the connection.
 //! Malformed input (bad magic, unknown op, reserved bits, a length over the frame limit, EOF
@@ -93,7 +97,13 @@ async fn run(shared: Arc<Shared>, stream: TcpStream) {
         Ok(Err(e)) => return info!("frames connection dropped before its hello: {e}"),
         Err(_) => return info!("frames connection dropped: no hello within {HELLO_TIMEOUT:?}"),
     };
-    let accepted = data::accept(&shared, hello.version, frames::VERSION, hello.generation).await;
+    // Every version from MIN_VERSION on is spoken; `accept` refuses any other.
+    let speaks = if (frames::MIN_VERSION..=frames::VERSION).contains(&hello.version) {
+        hello.version
+    } else {
+        frames::VERSION
+    };
+    let accepted = data::accept(&shared, hello.version, speaks, hello.generation).await;
     let (generation, closes) = match accepted {
         Ok(a) => a,
         Err(status) => {
@@ -112,7 +122,15 @@ async fn run(shared: Arc<Shared>, stream: TcpStream) {
     }
     info!("frames stream accepted");
 
-    let end = serve_requests(&shared, generation, closes, &mut reader, &mut wr).await;
+    let end = serve_requests(
+        &shared,
+        hello.version,
+        generation,
+        closes,
+        &mut reader,
+        &mut wr,
+    )
+    .await;
     if let Some(why) = &end {
         info!("frames stream ended: {}", why.message);
         if let Err(e) = write_one(&mut wr, why).await {
@@ -177,6 +195,7 @@ impl Outbox {
 /// one `read` and one `writev` carry many requests when many are in flight.
 async fn serve_requests(
     shared: &Arc<Shared>,
+    version: u32,
     generation: u64,
     closes: u64,
     reader: &mut FrameReader,
@@ -191,7 +210,7 @@ async fn serve_requests(
     let mut end: Option<Response> = None;
     let mut eof = false;
     let mut out = Outbox {
-        batch: Batch::default(),
+        batch: Batch::for_version(version),
         held: Vec::with_capacity(MAX_BATCH),
         gone: false,
     };

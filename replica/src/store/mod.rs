@@ -463,7 +463,8 @@ impl Replica {
         let len = (range.end - range.start) as usize;
         if let [(_, only)] = pieces.as_slice() {
             return match only {
-                None => Ok(Bytes::from(vec![0u8; len])),
+                // A hole: shared static zeros, which the frames server sends as a flag.
+                None => Ok(zebu_proto::frames::zeros(len)),
                 Some(f) => {
                     let buf = self
                         .io
