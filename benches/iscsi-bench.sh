@@ -25,7 +25,8 @@
 #
 # Usage: benches/iscsi-bench.sh            Env: RUNTIME (s per run) [8], REPS [3],
 #        EX [freshly built example], BIN [dir with release zebu-engine and zebu-replica],
-#        PORT_ZEBU [3290], PORT_TGT [3291], PORT_ENGINE [3292], WORKDIR [/tmp/iscsi-bench]
+#        PORT_ZEBU [3290], PORT_TGT [3291], PORT_ENGINE [3292], WORKDIR [/tmp/iscsi-bench],
+#        ZEBU_ENGINE_ARGS [extra `zebu-engine serve` arguments, e.g. "--busy-poll-us 200"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCRIPTS=/work/shared/scripts
@@ -77,8 +78,10 @@ replica_pid=$!
 for _ in $(seq 100); do grep -q '^listening on' "$WORKDIR/replica.out" 2>/dev/null && break; sleep 0.1; done
 replica_addr=$(sed -n 's/^listening on //p' "$WORKDIR/replica.out")
 [[ -n "$replica_addr" ]] || { echo "zebu-replica did not start" >&2; cat "$WORKDIR/replica.err" >&2; exit 1; }
+# ZEBU_ENGINE_ARGS is unquoted on purpose: it holds several words.
+# shellcheck disable=SC2086
 "$BIN/zebu-engine" serve --volume bench --size 1G --replica "$replica_addr" \
-  --control 127.0.0.1:0 --frontend iscsi --iscsi-listen "127.0.0.1:$PORT_ENGINE" \
+  --control 127.0.0.1:0 --frontend iscsi --iscsi-listen "127.0.0.1:$PORT_ENGINE" ${ZEBU_ENGINE_ARGS:-} \
   >"$WORKDIR/engine.out" 2>"$WORKDIR/engine.err" &
 engine_pid=$!
 for _ in $(seq 300); do grep -qx ready "$WORKDIR/engine.out" 2>/dev/null && break; sleep 0.1; done

@@ -26,7 +26,9 @@
 #   rw4k-qd32   4 KiB random write,  iodepth 32       -> IOPS
 #   sr1m-qd8    1 MiB sequential read, iodepth 8      -> MiB/s
 #   sw1m-qd8    1 MiB sequential write, iodepth 8     -> MiB/s
-#   rw4k-qd1    4 KiB random write,  iodepth 1        -> IOPS, p50 and p99 completion latency
+#   rw4k-qd1    4 KiB random write,  iodepth 1        -> IOPS, p50 and p99 total latency
+#               (fio's lat: submission and completion; clat alone misses the part of a request
+#               that libnbd finishes while submitting the next)
 # For each NBD row, the server's CPU time (utime+stime from /proc/PID/stat, all threads,
 # read before and after the row, scaled by RUNTIME/(RUNTIME+1) to leave out the ramp second
 # whose bytes fio does not count; for Zebu the engine and every replica, summed, and also
@@ -201,7 +203,7 @@ run_row() {
     json=$work/$target-$row.json
     fio --name="$row" "${engine_args[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" \
         --size="$size" --time_based --runtime="$runtime" --ramp_time=1 --numjobs=1 \
-        --randrepeat=0 --norandommap --output-format=json --output="$json" >/dev/null
+        --randrepeat=0 --norandommap --lat_percentiles=1 --output-format=json --output="$json" >/dev/null
     [[ ${#server_pids[@]} -gt 0 ]] && c1=$(cpu_snapshot)
     python3 - "$json" "$target" "$row" "$clk_tck" "$c0" "$c1" "$runtime" >>"$results" <<'PY'
 import json, sys
@@ -212,7 +214,9 @@ job = json.loads(text[text.index("{"):])["jobs"][0]
 r, w = job["read"], job["write"]
 side = r if r["io_bytes"] > 0 else w
 moved = r["io_bytes"] + w["io_bytes"]
-pct = side.get("clat_ns", {}).get("percentile", {})
+# Total latency (submission + completion): libnbd may read an answer that is already there
+# while fio submits the next request, which moves time from clat into slat.
+pct = side.get("lat_ns", {}).get("percentile", {})
 def parse(snap):
     return {k: float(v) for k, v in (p.split("=") for p in snap.split())}
 by_proc = None

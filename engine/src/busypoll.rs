@@ -27,6 +27,12 @@
 //!   does not wake it. It never spins longer than `window` after the last request started
 //!   or finished, however long a request (a flush, a dead replica) takes.
 //! - [`Polled`] wraps a [`BlockDevice`] so that every request marks the volume busy.
+//! - It is off unless `zebu-engine serve --busy-poll-us N` asks for it: where the replicas
+//!   share the engine's CPUs (the 2-vCPU test machine), three replicas under 4 KiB random
+//!   writes at queue depth 32 lost about a tenth of their IOPS with it (the queue goes
+//!   shallow for tens of milliseconds at a time there), and queue depth 1 over three
+//!   replicas gained nothing. One replica at queue depth 1 gains most (benches/README.md,
+//!   "Busy polling and hole answers").
 
 use std::sync::Arc;
 use std::sync::OnceLock;
