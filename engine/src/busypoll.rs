@@ -83,8 +83,8 @@ impl Shared {
             && self.shallow_for_a_while(now)
     }
 
-    /// Whether the queue has stayed shallow for `shallow_for` ([`SHALLOW_FOR`]): a deep queue drains and
-    /// fills again in bursts (at queue depth 32 through NBD, requests start at every depth
+    /// Whether the queue has stayed shallow for `shallow_for` ([`SHALLOW_FOR`]): a deep
+    /// queue drains and fills again in bursts (at queue depth 32 through NBD, requests start at every depth
     /// from 1 to 32 about equally often), and its shallow moments are no reason to spin.
     fn shallow_for_a_while(&self, now: u64) -> bool {
         match self.last_deep.load(Relaxed) {

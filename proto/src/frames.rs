@@ -79,6 +79,7 @@
 
 use std::fmt;
 use std::io::IoSlice;
+use std::sync::LazyLock;
 
 use bytes::{Buf, Bytes, BytesMut};
 
@@ -109,9 +110,13 @@ const REQ_FLAG_ZERO_FILL: u8 = 1;
 const RESP_FLAG_END: u8 = 1;
 const RESP_FLAG_ZEROS: u8 = 2;
 
-/// Zeros for holes: [`MAX_IO_BYTES`] of them in the zero-initialised data segment, so the
-/// pages are never written and cost no memory (reads map the kernel's shared zero page).
-static ZERO_BYTES: [u8; MAX_IO_BYTES as usize] = [0; MAX_IO_BYTES as usize];
+/// Zeros for holes: [`MAX_IO_BYTES`] of them, allocated once and never written. An
+/// allocation this large is a fresh anonymous mapping (the allocator zeroes it by asking the
+/// kernel, not by writing), so it costs address space, not memory: reading it maps the
+/// kernel's shared zero page. (A `static` array would sit in the binary's read-only data,
+/// 8 MiB on disk and in the page cache.)
+static ZERO_BYTES: LazyLock<&'static [u8]> =
+    LazyLock::new(|| Box::leak(vec![0u8; MAX_IO_BYTES as usize].into_boxed_slice()));
 
 /// `len` zero bytes without allocating (up to [`MAX_IO_BYTES`]; longer ones are allocated).
 pub fn zeros(len: usize) -> Bytes {
