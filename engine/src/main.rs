@@ -98,7 +98,7 @@ struct ServeArgs {
     salvage: bool,
     /// Busy polling, for latency-bound volumes: keep one CPU awake for this many
     /// microseconds (200 is a good start) after a request starts or finishes, while at most
-    /// 4 are in flight. Lower latency at queue depth 1 (NBD, 1 replica: p50 109 -> 50-77 us)
+    /// 4 are in flight. Lower latency at queue depth 1 (NBD, 1 replica: p50 107 -> 62 us)
     /// for up to one CPU of spinning; off (0) by default because, where the replicas share
     /// the engine's CPUs, it cost 3-replica random writes at queue depth 32 about 10 %.
     #[arg(long, default_value_t = 0)]
