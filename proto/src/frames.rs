@@ -55,8 +55,8 @@
 //!   the ZEROS flag instead of its payload: reads of unwritten space cost a header, not
 //!   megabytes over the network. A server speaks both and answers a version-1 client with
 //!   version-1 frames; a client refused for its version by a version-1 server says hello
-//!   again with version 1. The receiver gets its zeros from [`zeros`], a static buffer, so
-//!   they cost no memory either.
+//!   again with version 1. The receiver gets its zeros from [`zeros`], one shared buffer
+//!   that is never written, so they cost no memory either.
 //!
 //! # Limits and malformed input
 //!

@@ -20,9 +20,10 @@
 //! - Connect and hello are bounded by the I/O timeout; a refused hello (stale generation,
 //!   closed replica) is [`PathError::Refused`] with the replica's message.
 //! - The hello asks for [`frames::VERSION`], whose answers may carry a hole as a ZEROS flag
-//!   (decoded into static zeros: no bytes on the wire, no allocation here). A replica of an
-//!   older build refuses that version; the path then says hello again in
-//!   [`frames::MIN_VERSION`].
+//!   (decoded into the shared [`frames::zeros`]: no bytes on the wire, no allocation here).
+//!   A replica of an older build refuses that version with a message naming the "protocol
+//!   version" (its refusal carries no other sign of the reason); the path then says hello
+//!   again in [`frames::MIN_VERSION`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -1,4 +1,4 @@
-//! The verified workload: writes self-describing blocks to a [`BlockDevice`], remembers what
+//! The verified workload: writes self-describing blocks to a [`BlockDevice`](crate::blockdev::BlockDevice), remembers what
 //! was acknowledged and flushed, and checks the device against that memory.
 //!
 //! Every data-safety test of Zebu is built from three steps:
