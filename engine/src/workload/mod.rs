@@ -1,5 +1,6 @@
-//! The verified workload: writes self-describing blocks to a [`BlockDevice`](crate::blockdev::BlockDevice), remembers what
-//! was acknowledged and flushed, and checks the device against that memory.
+//! The verified workload: writes self-describing blocks to a
+//! [`BlockDevice`](crate::blockdev::BlockDevice), remembers what was acknowledged and flushed,
+//! and checks the device against that memory.
 //!
 //! Every data-safety test of Zebu is built from three steps:
 //!
