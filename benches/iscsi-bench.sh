@@ -3,7 +3,8 @@
 #   example : Zebu's iSCSI target alone (engine/examples/iscsi_file, serving a plain file)
 #   engine  : the real replicated engine (`zebu-engine serve --frontend iscsi`) with ONE
 #             `zebu-replica` process behind it, so every I/O also crosses the replica
-#             protocol over loopback and lands in the replica's layer files
+#             protocol (over the replica's local socket: it is on the engine's node) and
+#             lands in the replica's layer files
 #   tgt     : Longhorn's frontend, serving a plain file
 #
 # Method
@@ -26,7 +27,9 @@
 # Usage: benches/iscsi-bench.sh            Env: RUNTIME (s per run) [8], REPS [3],
 #        EX [freshly built example], BIN [dir with release zebu-engine and zebu-replica],
 #        PORT_ZEBU [3290], PORT_TGT [3291], PORT_ENGINE [3292], WORKDIR [/tmp/iscsi-bench],
-#        ZEBU_ENGINE_ARGS [extra `zebu-engine serve` arguments, e.g. "--busy-poll-us 200"]
+#        ZEBU_ENGINE_ARGS [extra `zebu-engine serve` arguments, e.g. "--busy-poll-us 200"],
+#        ZEBU_LOCAL_HOST [127.0.0.11: the replica is on the engine's node and its data moves
+#        over its local Unix socket, as with data locality; empty: over TCP]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCRIPTS=/work/shared/scripts
@@ -78,9 +81,11 @@ replica_pid=$!
 for _ in $(seq 100); do grep -q '^listening on' "$WORKDIR/replica.out" 2>/dev/null && break; sleep 0.1; done
 replica_addr=$(sed -n 's/^listening on //p' "$WORKDIR/replica.out")
 [[ -n "$replica_addr" ]] || { echo "zebu-replica did not start" >&2; cat "$WORKDIR/replica.err" >&2; exit 1; }
+local_args=()
+[[ -n ${ZEBU_LOCAL_HOST-127.0.0.11} ]] && local_args=(--local-host "${ZEBU_LOCAL_HOST-127.0.0.11}")
 # ZEBU_ENGINE_ARGS is unquoted on purpose: it holds several words.
 # shellcheck disable=SC2086
-"$BIN/zebu-engine" serve --volume bench --size 1G --replica "$replica_addr" \
+"$BIN/zebu-engine" serve --volume bench --size 1G --replica "$replica_addr" "${local_args[@]}" \
   --control 127.0.0.1:0 --frontend iscsi --iscsi-listen "127.0.0.1:$PORT_ENGINE" ${ZEBU_ENGINE_ARGS:-} \
   >"$WORKDIR/engine.out" 2>"$WORKDIR/engine.err" &
 engine_pid=$!

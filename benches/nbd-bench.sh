@@ -12,6 +12,10 @@
 #   zebu-1r      `zebu-engine serve --frontend nbd` over one `zebu-replica serve` on
 #                127.0.0.11 (release binaries)
 #   zebu-3r      the same over three replicas on 127.0.0.11, .12 and .13
+#                In both, 127.0.0.11 is the engine's own node (`--local-host`, as the manager
+#                starts engines): replica 1 moves its data over its local Unix socket, as a
+#                replica placed by data locality does; .12 and .13 stand for other nodes
+#                and use TCP. ZEBU_LOCAL_HOST changes that host; empty: every replica on TCP.
 #   cmd:NAME     any other NBD server: the command in $TARGET_CMD_NAME, with {PORT}, {FILE}
 #                and {SIZE} substituted, must serve export "bench" on 127.0.0.1:{PORT} and stay
 #                in the foreground.
@@ -54,7 +58,7 @@
 # nbd_file example), ZEBU_BIN_DIR (zebu-engine and zebu-replica; default target/release,
 # built when not given), ZEBU_ENGINE_ARGS (extra arguments appended to the `zebu-engine
 # serve` line, split on spaces, e.g. "--data-transport grpc"), ZEBU_REPLICA_ARGS (the same for
-# every `zebu-replica serve` line, e.g. "--cache direct").
+# every `zebu-replica serve` line, e.g. "--cache direct"), ZEBU_LOCAL_HOST (default 127.0.0.11).
 set -euo pipefail
 
 out_json=${1:-nbd-bench.json}
@@ -127,6 +131,8 @@ start_zebu() {
         addr=$(wait_line "$dir.out" "listening on " "$pid")
         args+=(--replica "$addr")
     done
+    local_host=${ZEBU_LOCAL_HOST-127.0.0.11}
+    [[ -n $local_host ]] && args+=(--local-host "$local_host")
     # ZEBU_ENGINE_ARGS is unquoted on purpose: it holds several words.
     # shellcheck disable=SC2086
     "$zebu_bin/zebu-engine" serve --volume bench --size "$size_bytes" "${args[@]}" \

@@ -36,6 +36,7 @@ impl ControlService {
                 id: r.id.clone(),
                 mode: r.mode().to_string(),
                 reason: r.reason(),
+                data_path: r.data_path().to_string(),
             })
             .collect();
         let rw = replicas.iter().filter(|r| r.mode == "RW").count();

@@ -103,7 +103,8 @@ struct ServeArgs {
     /// the engine's CPUs, it cost 3-replica random writes at queue depth 32 about 10 %.
     #[arg(long, default_value_t = 0)]
     busy_poll_us: u64,
-    /// Host addresses whose replicas count as local (read first).
+    /// A host address of this machine (repeatable): replicas there count as local. Reads go
+    /// to them first, and their data moves over the replica's local Unix socket, not TCP.
     #[arg(long = "local-host")]
     local_hosts: Vec<String>,
     /// Transport of the data path to the replicas: frames (binary frames on plain TCP) or
@@ -400,7 +401,7 @@ fn print_info(i: &pb::VolumeInfo, json: bool, replicas_only: bool) {
     let reps: Vec<serde_json::Value> = i
         .replicas
         .iter()
-        .map(|r| serde_json::json!({"address": r.address, "id": r.id, "mode": r.mode, "reason": r.reason}))
+        .map(|r| serde_json::json!({"address": r.address, "id": r.id, "mode": r.mode, "reason": r.reason, "dataPath": r.data_path}))
         .collect();
     if json {
         let v = if replicas_only {
@@ -424,9 +425,12 @@ fn print_info(i: &pb::VolumeInfo, json: bool, replicas_only: bool) {
             println!("frontend {} {}", f.kind, f.endpoint);
         }
     }
-    println!("{:<24} {:<4} REASON", "ADDRESS", "MODE");
+    println!("{:<24} {:<4} {:<12} REASON", "ADDRESS", "MODE", "DATA PATH");
     for r in &i.replicas {
-        println!("{:<24} {:<4} {}", r.address, r.mode, r.reason);
+        println!(
+            "{:<24} {:<4} {:<12} {}",
+            r.address, r.mode, r.data_path, r.reason
+        );
     }
 }
 

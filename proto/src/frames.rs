@@ -58,6 +58,17 @@
 //!   again with version 1. The receiver gets its zeros from [`zeros`], one shared buffer
 //!   that is never written, so they cost no memory either.
 //!
+//! # The local socket
+//!
+//! An OK hello answer's message, when not empty, names a Unix socket in the abstract
+//! namespace, written `@name`, where the same server serves this protocol (and only this
+//! protocol) too. A client on the server's host may say hello there instead and use that
+//! connection for its data: it skips the TCP stack, and nothing else changes (the same hello,
+//! generation and fencing). A client that cannot connect to it (another host or network
+//! namespace: the name is random, so it does not exist there) keeps its TCP connection.
+//! Earlier servers send an empty message and earlier clients ignore it, so both versions
+//! carry it unchanged.
+//!
 //! # Limits and malformed input
 //!
 //! A write payload may be up to [`MAX_FRAME_PAYLOAD`] (the gRPC message limit) so that a

@@ -1,7 +1,8 @@
 //! The data-frames transport against a real `zebu-replica serve` process, over real TCP on
-//! the replica's one port: the data it moves, requests answered out of order, fencing across
-//! transports (frames and gRPC streams fence each other), hostile input that ends only its
-//! own connection, and the engine's old gRPC data path still surviving a replica kill -9.
+//! the replica's one port and over its local Unix socket: the data it moves, requests
+//! answered out of order, fencing across transports (frames and gRPC streams fence each
+//! other), hostile input that ends only its own connection, the engine's local data path
+//! across a kill -9 of that replica, and the engine's old gRPC data path surviving one.
 //!
 //! Run with `--test-threads=1` when other suites run at the same time: the tests use fixed
 //! loopback addresses (127.0.0.40-49).
@@ -11,8 +12,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
 use tonic::Code;
 use zebu_engine::blockdev::BlockDevice;
 use zebu_engine::workload::{Expect, RunId};
@@ -34,10 +35,13 @@ fn start(tmp: &tempfile::TempDir, ip: u8) -> ReplicaProcess {
     ReplicaProcess::start(&tmp.path().join("r"), SIZE, loopback(ip)).expect("replica starts")
 }
 
-/// A raw frames connection, as the engine's transport speaks it but with every byte under
-/// the test's control.
+trait Duplex: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Duplex for T {}
+
+/// A raw frames connection (TCP, or the replica's local socket), as the engine's transport
+/// speaks it but with every byte under the test's control.
 struct Frames {
-    stream: TcpStream,
+    stream: Box<dyn Duplex>,
     buf: BytesMut,
     next_id: u64,
 }
@@ -46,11 +50,33 @@ impl Frames {
     async fn connect(addr: SocketAddr) -> Frames {
         let stream = TcpStream::connect(addr).await.expect("connect");
         stream.set_nodelay(true).expect("nodelay");
+        Frames::over(stream)
+    }
+
+    fn over(stream: impl Duplex + 'static) -> Frames {
         Frames {
-            stream,
+            stream: Box::new(stream),
             buf: BytesMut::new(),
             next_id: 1,
         }
+    }
+
+    /// A connection to the local socket `@name` (as a hello answer names it) whose hello at
+    /// `generation` was accepted; the answer names the same socket again.
+    async fn open_local(name: &str, generation: u64) -> Frames {
+        let stream = connect_local(name)
+            .await
+            .expect("connect to the local socket");
+        let mut c = Frames::over(stream);
+        let hello = Hello {
+            version: frames::VERSION,
+            generation,
+        };
+        c.send_raw(&hello.encode()).await;
+        let answer = c.recv().await.expect("a hello answer");
+        assert_eq!(answer.status, Status::Ok, "local hello refused: {answer}");
+        assert_eq!(answer.message, name, "the answer names the same socket");
+        c
     }
 
     /// Connects and sends a hello; returns the connection and the hello's answer.
@@ -452,6 +478,128 @@ async fn frames_and_grpc_streams_fence_each_other() {
         .await
         .unwrap();
     assert_serves(r.addr, 3, 9).await;
+}
+
+/// Connects to the local socket `@name`.
+async fn connect_local(name: &str) -> std::io::Result<UnixStream> {
+    let abstract_name = name.strip_prefix('@').expect("an abstract socket name");
+    UnixStream::connect(format!("\0{abstract_name}")).await
+}
+
+/// Every hello answer names the replica's local socket. A stream there reaches the same
+/// replica (writes on either read back on the other), is fenced by a higher generation said
+/// over TCP like any stream, and garbage on it ends only that connection. The name goes with
+/// the process: after a kill -9 nothing answers at it.
+#[tokio::test]
+async fn the_local_socket_serves_the_same_replica_and_is_fenced_with_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut r = start(&tmp, 44);
+    let (mut tcp, answer) = Frames::hello(r.addr, 1).await;
+    assert_eq!(answer.status, Status::Ok, "{answer}");
+    let name = answer.message.clone();
+    assert!(
+        name.starts_with("@zebu-replica."),
+        "the hello answer names no local socket: {answer}"
+    );
+
+    let mut local = Frames::open_local(&name, 1).await;
+    local.write(3 * BLOCK, block_data(3, 7)).await;
+    assert_eq!(decode(3, &tcp.read(3 * BLOCK, BLOCK).await), Ok(7));
+    tcp.write(4 * BLOCK, block_data(4, 8)).await;
+    assert_eq!(decode(4, &local.read(4 * BLOCK, BLOCK).await), Ok(8));
+
+    let mut junk = Frames::over(connect_local(&name).await.expect("connect"));
+    junk.send_raw(b"GET / HTTP/1.1\r\n\r\n").await;
+    assert_eq!(
+        junk.recv().await,
+        None,
+        "garbage gets its connection closed"
+    );
+    assert_eq!(decode(3, &local.read(3 * BLOCK, BLOCK).await), Ok(7));
+
+    let _g2 = Frames::open(r.addr, 2).await;
+    let end = local.expect_end().await.expect("an END notice");
+    assert!(
+        end.message
+            .contains("fenced: generation 1 was superseded by generation 2"),
+        "{end}"
+    );
+    // ... and a stale hello is refused there as on TCP.
+    let mut stale = Frames::over(connect_local(&name).await.expect("connect"));
+    stale
+        .send_raw(
+            &Hello {
+                version: frames::VERSION,
+                generation: 1,
+            }
+            .encode(),
+        )
+        .await;
+    let refusal = stale.recv().await.expect("a refusal");
+    assert_eq!(refusal.status, Status::Unavailable, "{refusal}");
+
+    r.kill9();
+    let gone = connect_local(&name).await;
+    assert!(
+        gone.is_err(),
+        "the local socket outlived its replica process"
+    );
+}
+
+/// An engine told that one replica is local (`--local-host`) moves that replica's data over
+/// its local socket and the others' over TCP; a kill -9 of the local replica under a busy
+/// workload makes it ERR within the I/O timeout, like a remote one, and loses no
+/// acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn engine_uses_the_local_socket_of_a_local_replica_and_survives_its_kill9()
+-> anyhow::Result<()> {
+    let seed = test_seed();
+    let mut c = Cluster::replicas_only("local-kill9", 128 << 20)?;
+    let local = c.addr(0);
+    let host = local.rsplit_once(':').expect("host:port").0.to_string();
+    c.cfg.extra_args = vec!["--local-host".into(), host];
+    c.start_engine()?;
+    let info = c.engine().info().await?;
+    let path_of = |addr: &str| {
+        info.replicas
+            .iter()
+            .find(|r| r.address == addr)
+            .map(|r| r.data_path.clone())
+    };
+    assert_eq!(path_of(&local).as_deref(), Some("frames/local"), "{info:?}");
+    for i in 1..3 {
+        assert_eq!(
+            path_of(&c.addr(i)).as_deref(),
+            Some("frames/tcp"),
+            "{info:?}"
+        );
+    }
+    let listed = c.engine().cli(&["replica", "ls"]).await?;
+    assert!(
+        listed.to_string().contains("frames/local"),
+        "replica ls: {listed}"
+    );
+
+    let dev = c.engine().nbd_client().await?;
+    let cfg = busy_workload(seed);
+    let model = cfg.new_model(dev.size(), RunId::random())?;
+    let bg = Background::spawn(dev, model, cfg);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.kill_replica(0);
+    let deadline = c.cfg.io_timeout + Duration::from_secs(1);
+    c.engine()
+        .wait_until(deadline, |i| mode_in(i, &local) == "ERR")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", c.logs()))?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (model, report, dev) = bg.stop().await?;
+    assert_clean_run("local data path across a kill -9", &report);
+    assert!(report.writes > 500, "too few writes: {report:?}");
+    assert_verified("local data path after kill -9", &dev, &model, Expect::Exact).await;
+    let info = c.engine().info().await?;
+    assert_eq!(mode_in(&info, &c.addr(1)), "RW");
+    assert_eq!(mode_in(&info, &c.addr(2)), "RW");
+    Ok(())
 }
 
 /// Sends `bytes` after a good hello and expects an END with INVALID, then a closed connection.

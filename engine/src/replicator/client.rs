@@ -64,17 +64,19 @@ impl std::str::FromStr for DataTransport {
 
 /// Opens the data path to the replica at `addr` over `transport` and presents
 /// `generation`; `channel` is the replica's gRPC channel (used by the gRPC transport).
+/// `local`: the replica runs on this host (frames then use its local socket if it has one).
 pub async fn open_data_path(
     transport: DataTransport,
     addr: &str,
     channel: Channel,
     generation: u64,
     timeout: Duration,
+    local: bool,
 ) -> Result<std::sync::Arc<dyn DataPath>, PathError> {
     Ok(match transport {
-        DataTransport::Frames => {
-            std::sync::Arc::new(super::FramedDataPath::open(addr, generation, timeout).await?)
-        }
+        DataTransport::Frames => std::sync::Arc::new(
+            super::FramedDataPath::open(addr, generation, timeout, local).await?,
+        ),
         DataTransport::Grpc => {
             std::sync::Arc::new(GrpcDataPath::open(channel, generation, timeout).await?)
         }
@@ -112,6 +114,8 @@ pub trait DataPath: Send + Sync {
     fn flush(&self, id: u64, number: u64) -> BoxFuture<'_, Result<u64, PathError>>;
     /// Ends the stream; requests in flight fail.
     fn close(&self);
+    /// What carries the data, for status output: `frames/tcp`, `frames/local` or `grpc`.
+    fn kind(&self) -> &'static str;
 }
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<pb::DataResponse>>>>;
@@ -305,6 +309,10 @@ impl DataPath for GrpcDataPath {
                 .await?;
             Ok(resp.flush_number)
         })
+    }
+
+    fn kind(&self) -> &'static str {
+        "grpc"
     }
 
     fn close(&self) {

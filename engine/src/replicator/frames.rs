@@ -1,5 +1,6 @@
 //! [`FramedDataPath`]: the replica data path over data frames (`zebu_proto::frames`) on one
-//! plain TCP connection per replica, to the replica's usual port.
+//! connection per replica: plain TCP to the replica's usual port, or, for a replica on this
+//! host, its local Unix socket.
 //!
 //! ```text
 //!  callers ──call()──► bounded queue ──► writer task ──writev──► socket ──► replica
@@ -24,15 +25,19 @@
 //!   A replica of an older build refuses that version with a message naming the "protocol
 //!   version" (its refusal carries no other sign of the reason); the path then says hello
 //!   again in [`frames::MIN_VERSION`].
+//! - A replica opened as local (the replicator's `--local-host`) names its local socket in
+//!   the hello answer; the path says hello there too (same version and generation) and moves
+//!   its traffic to it, closing the TCP connection. If that fails, it logs why and keeps TCP.
+//!   Only replicas the caller calls local use it: on a test host where every "node" is a
+//!   loopback address, the others stay on TCP like the remote replicas they stand for.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use zebu_proto::frames::{self, Batch, Decoded, Hello, Request, RequestOp, Response};
@@ -92,17 +97,21 @@ pub struct FramedDataPath {
     conn: Arc<Conn>,
     queue: Mutex<Option<mpsc::Sender<Request>>>,
     tasks: [AbortHandle; 2],
+    /// Whether the traffic runs over the replica's local socket.
+    via_local: bool,
 }
 
 impl FramedDataPath {
     /// Connects to the replica at `addr` (`host:port`), sends the hello with `generation`
-    /// and waits for its answer, all within `timeout`.
+    /// and waits for its answer, all within `timeout`. `local`: the replica runs on this host,
+    /// so its local socket is used if it names one (module docs).
     pub async fn open(
         addr: &str,
         generation: u64,
         timeout: Duration,
+        local: bool,
     ) -> Result<FramedDataPath, PathError> {
-        let (stream, rest) = tokio::time::timeout(timeout, async {
+        let (welcomed, rest, socket) = tokio::time::timeout(timeout, async {
             match handshake(addr, generation, frames::VERSION).await {
                 // A replica of an older build: say hello again in its version.
                 Err(PathError::Refused(why)) if why.contains("protocol version") => {
@@ -114,20 +123,57 @@ impl FramedDataPath {
         })
         .await
         .map_err(|_| PathError::Timeout(timeout))??;
-        let (rd, wr) = stream.into_split();
         let conn = Arc::new(Conn {
             addr: addr.to_string(),
             pending: Mutex::new(Some(HashMap::new())),
             broken: Mutex::new(None),
         });
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
-        let writer = tokio::spawn(write_requests(conn.clone(), wr, rx));
-        let reader = tokio::spawn(read_answers(conn.clone(), rd, rest));
-        tracing::debug!(replica = %addr, generation, "frames data path open");
+        let local_stream = match socket.strip_prefix('@') {
+            Some(name) if local => {
+                let hello = Hello {
+                    version: welcomed.version,
+                    generation,
+                };
+                match tokio::time::timeout(timeout, hello_local(name, hello)).await {
+                    Ok(Ok(s)) => Some(s),
+                    Ok(Err(e)) => {
+                        tracing::warn!(replica = %addr, "local socket @{name} not used (TCP instead): {e}");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::warn!(replica = %addr, "local socket @{name} not used (TCP instead): no answer within {timeout:?}");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let via_local = local_stream.is_some();
+        let (writer, reader) = match local_stream {
+            Some((s, rest)) => {
+                // The replica sees the TCP connection close without a request: nothing to do.
+                drop(welcomed);
+                let (rd, wr) = s.into_split();
+                (
+                    tokio::spawn(write_requests(conn.clone(), wr, rx)),
+                    tokio::spawn(read_answers(conn.clone(), rd, rest)),
+                )
+            }
+            None => {
+                let (rd, wr) = welcomed.tcp.into_split();
+                (
+                    tokio::spawn(write_requests(conn.clone(), wr, rx)),
+                    tokio::spawn(read_answers(conn.clone(), rd, rest)),
+                )
+            }
+        };
+        tracing::debug!(replica = %addr, generation, via_local, "frames data path open");
         Ok(FramedDataPath {
             conn,
             queue: Mutex::new(Some(tx)),
             tasks: [writer.abort_handle(), reader.abort_handle()],
+            via_local,
         })
     }
 
@@ -170,26 +216,62 @@ impl FramedDataPath {
     }
 }
 
-/// Connects, sends the hello in `version` and reads its answer; returns the stream and any
-/// bytes read past the answer.
+/// A TCP connection whose hello was answered OK.
+struct Welcomed {
+    tcp: TcpStream,
+    version: u32,
+}
+
+/// Connects, sends the hello in `version` and reads its answer; returns the stream, any
+/// bytes read past the answer and the answer's message (the local socket's name, if any).
 async fn handshake(
     addr: &str,
     generation: u64,
     version: u32,
-) -> Result<(TcpStream, BytesMut), PathError> {
-    let disconnected =
-        |what: &str, e: std::io::Error| PathError::Disconnected(format!("{what} {addr}: {e}"));
+) -> Result<(Welcomed, BytesMut, String), PathError> {
     let mut stream = TcpStream::connect(addr)
         .await
-        .map_err(|e| disconnected("connect", e))?;
+        .map_err(|e| PathError::Disconnected(format!("connect {addr}: {e}")))?;
     // Without it, a lone request waits for the replica's delayed ACK of the previous one.
     stream
         .set_nodelay(true)
-        .map_err(|e| disconnected("TCP_NODELAY on", e))?;
+        .map_err(|e| PathError::Disconnected(format!("TCP_NODELAY on {addr}: {e}")))?;
     let hello = Hello {
         version,
         generation,
     };
+    let (rest, message) = say_hello(&mut stream, addr, hello).await?;
+    Ok((
+        Welcomed {
+            tcp: stream,
+            version,
+        },
+        rest,
+        message,
+    ))
+}
+
+/// Connects to the local socket `@name` and says `hello` there.
+async fn hello_local(name: &str, hello: Hello) -> Result<(UnixStream, BytesMut), PathError> {
+    let mut stream = UnixStream::connect(format!("\0{name}"))
+        .await
+        .map_err(|e| PathError::Disconnected(format!("connect @{name}: {e}")))?;
+    let (rest, _) = say_hello(&mut stream, &format!("@{name}"), hello).await?;
+    Ok((stream, rest))
+}
+
+/// Sends `hello` on `stream` and reads its answer: returns any bytes read past it and the
+/// answer's message.
+async fn say_hello<S>(
+    stream: &mut S,
+    addr: &str,
+    hello: Hello,
+) -> Result<(BytesMut, String), PathError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let disconnected =
+        |what: &str, e: std::io::Error| PathError::Disconnected(format!("{what} {addr}: {e}"));
     stream
         .write_all(&hello.encode())
         .await
@@ -218,12 +300,16 @@ async fn handshake(
     if answer.id != 0 || answer.status != pb::Status::Ok {
         return Err(PathError::Refused(answer.message));
     }
-    Ok((stream, buf))
+    Ok((buf, answer.message))
 }
 
 /// Sends every queued request, many per vectored write, until the queue closes or the
 /// socket fails.
-async fn write_requests(conn: Arc<Conn>, mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Request>) {
+async fn write_requests<W: AsyncWrite + Unpin>(
+    conn: Arc<Conn>,
+    mut wr: W,
+    mut rx: mpsc::Receiver<Request>,
+) {
     let mut batch = Batch::default();
     while let Some(req) = rx.recv().await {
         batch.push_request(&req);
@@ -242,7 +328,7 @@ async fn write_requests(conn: Arc<Conn>, mut wr: OwnedWriteHalf, mut rx: mpsc::R
 
 /// Completes waiting requests with their answers until the connection ends; then fails the
 /// rest.
-async fn read_answers(conn: Arc<Conn>, mut rd: OwnedReadHalf, mut buf: BytesMut) {
+async fn read_answers<R: AsyncRead + Unpin>(conn: Arc<Conn>, mut rd: R, mut buf: BytesMut) {
     let why = loop {
         match frames::decode_response(&mut buf) {
             Ok(Decoded::Frame(resp)) if resp.end => {
@@ -343,6 +429,14 @@ impl DataPath for FramedDataPath {
         })
     }
 
+    fn kind(&self) -> &'static str {
+        if self.via_local {
+            "frames/local"
+        } else {
+            "frames/tcp"
+        }
+    }
+
     fn close(&self) {
         self.queue.lock().expect("invariant: queue lock").take();
         for t in &self.tasks {
@@ -429,7 +523,7 @@ mod tests {
             let _ = s.read(&mut [0u8; 1]).await;
         })
         .await;
-        let p = FramedDataPath::open(&addr, 7, T).await.unwrap();
+        let p = FramedDataPath::open(&addr, 7, T, false).await.unwrap();
         let (a, b, c) = tokio::join!(
             p.read(11, 0, 4096),
             p.flush(12, 99),
@@ -443,7 +537,12 @@ mod tests {
     /// A fake replica that answers every read as soon as it arrives, with the request id in
     /// every byte; it reports on `eof` when the client's side of the connection ends.
     async fn echo(eof: tokio::sync::oneshot::Sender<()>) -> String {
-        fake(Response::ok(0), 0, |mut s, _| async move {
+        echo_with(Response::ok(0), eof).await
+    }
+
+    /// [`echo`] with `hello` as the hello's answer.
+    async fn echo_with(hello: Response, eof: tokio::sync::oneshot::Sender<()>) -> String {
+        fake(hello, 0, |mut s, _| async move {
             let mut buf = BytesMut::new();
             loop {
                 match frames::decode_request(&mut buf).unwrap() {
@@ -474,7 +573,7 @@ mod tests {
     async fn sequential_and_burst_requests_get_their_answers_and_close_ends_the_connection() {
         let (eof_tx, eof_rx) = tokio::sync::oneshot::channel();
         let addr = echo(eof_tx).await;
-        let p = FramedDataPath::open(&addr, 7, T).await.unwrap();
+        let p = FramedDataPath::open(&addr, 7, T, false).await.unwrap();
         let mut id = 0u64;
         for round in 0..3 {
             for _ in 0..20 {
@@ -511,7 +610,7 @@ mod tests {
             ..Response::failed(0, pb::Status::Unavailable, "generation 7 is lower than 9")
         };
         let addr = fake(refusal, 0, |_, _| async {}).await;
-        match FramedDataPath::open(&addr, 7, T).await {
+        match FramedDataPath::open(&addr, 7, T, false).await {
             Err(PathError::Refused(m)) => assert!(m.contains("lower than 9"), "{m}"),
             Err(e) => panic!("wrong error {e}"),
             Ok(_) => panic!("a refused hello opened the path"),
@@ -565,7 +664,7 @@ mod tests {
                 return (versions, s);
             }
         });
-        let p = FramedDataPath::open(&addr, 7, T).await.unwrap();
+        let p = FramedDataPath::open(&addr, 7, T, false).await.unwrap();
         let data = p.read(1, 0, 4096).await.unwrap();
         assert_eq!(data, Bytes::from(vec![0u8; 4096]));
         assert!(!frames::is_zeros(&data), "version 1 sent the bytes");
@@ -573,11 +672,91 @@ mod tests {
         assert_eq!(versions, [frames::VERSION, 1]);
     }
 
+    /// A hello answer naming a local socket: a path opened as local says hello there too and
+    /// moves its requests to it; opened as not local, or when nothing listens at the name, it
+    /// stays on TCP and works.
+    #[tokio::test]
+    async fn a_local_replica_is_reached_over_its_named_socket_and_others_over_tcp() {
+        let name = format!(
+            "zebu-test.{}.{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        );
+        let welcome = || Response {
+            message: format!("@{name}"),
+            ..Response::ok(0)
+        };
+        let unix = tokio::net::UnixListener::bind(format!("\0{name}")).unwrap();
+        let served = tokio::spawn(async move {
+            let (mut s, _) = unix.accept().await.unwrap();
+            let mut h = [0u8; frames::HELLO_LEN];
+            s.read_exact(&mut h).await.unwrap();
+            let hello = Hello::decode(&h).unwrap();
+            let mut b = Batch::default();
+            b.push_response(&Response::ok(0));
+            b.write_to(&mut s).await.unwrap();
+            let mut buf = BytesMut::new();
+            let req = loop {
+                match frames::decode_request(&mut buf).unwrap() {
+                    Decoded::Frame(r) => break r,
+                    Decoded::Need(_) => assert!(s.read_buf(&mut buf).await.unwrap() > 0),
+                }
+            };
+            let mut b = Batch::default();
+            b.push_response(&Response {
+                data: Bytes::from(vec![0x5a; 4096]),
+                ..Response::ok(req.id)
+            });
+            b.write_to(&mut s).await.unwrap();
+            let _ = s.read(&mut [0u8; 1]).await;
+            hello
+        });
+        // Local: the TCP side only welcomes; the request goes over the socket.
+        let addr = fake(welcome(), 0, |s, _| async move {
+            let mut s = s;
+            let _ = s.read(&mut [0u8; 1]).await;
+        })
+        .await;
+        let p = FramedDataPath::open(&addr, 7, T, true).await.unwrap();
+        assert_eq!(p.kind(), "frames/local");
+        assert_eq!(
+            p.read(5, 0, 4096).await.unwrap(),
+            Bytes::from(vec![0x5a; 4096])
+        );
+        p.close();
+        let hello = served.await.unwrap();
+        assert_eq!((hello.version, hello.generation), (frames::VERSION, 7));
+
+        // Not local: TCP, although a socket is named.
+        let (eof_tx, _eof_rx) = tokio::sync::oneshot::channel();
+        let addr = echo_with(welcome(), eof_tx).await;
+        let p = FramedDataPath::open(&addr, 7, T, false).await.unwrap();
+        assert_eq!(p.kind(), "frames/tcp");
+        assert_eq!(
+            p.read(6, 0, 512).await.unwrap(),
+            Bytes::from(vec![6u8; 512])
+        );
+
+        // Local, but nothing listens at the name (another host): TCP.
+        let (eof_tx, _eof_rx) = tokio::sync::oneshot::channel();
+        let gone = Response {
+            message: "@zebu-test.nobody.listens".into(),
+            ..Response::ok(0)
+        };
+        let addr = echo_with(gone, eof_tx).await;
+        let p = FramedDataPath::open(&addr, 7, T, true).await.unwrap();
+        assert_eq!(p.kind(), "frames/tcp");
+        assert_eq!(
+            p.read(8, 0, 512).await.unwrap(),
+            Bytes::from(vec![8u8; 512])
+        );
+    }
+
     #[tokio::test]
     async fn a_broken_connection_fails_every_pending_request_at_once() {
         // The fake reads all three requests, answers none, and closes the connection.
         let addr = fake(Response::ok(0), 3, |s, _| async move { drop(s) }).await;
-        let p = FramedDataPath::open(&addr, 7, T).await.unwrap();
+        let p = FramedDataPath::open(&addr, 7, T, false).await.unwrap();
         let started = Instant::now();
         let (a, b, c) = tokio::join!(
             p.read(1, 0, 4096),
@@ -613,7 +792,7 @@ mod tests {
             answer(&mut s, &[end]).await;
         })
         .await;
-        let p = FramedDataPath::open(&addr, 7, T).await.unwrap();
+        let p = FramedDataPath::open(&addr, 7, T, false).await.unwrap();
         match p.read(1, 0, 4096).await {
             Err(PathError::Disconnected(m)) => assert!(m.contains("superseded"), "{m}"),
             other => panic!("expected Disconnected, got {other:?}"),

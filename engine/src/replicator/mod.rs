@@ -116,6 +116,11 @@ impl Replica {
         self.control.clone()
     }
 
+    /// What carries its data (`frames/tcp`, `frames/local`, `grpc`).
+    pub fn data_path(&self) -> &'static str {
+        self.data.kind()
+    }
+
     /// Moves to `to` if the transition is valid; logs it. Returns whether it changed.
     fn transition(&self, volume: &str, to: Mode, why: &str) -> bool {
         let mut m = self.mode.lock().expect("invariant: mode lock");

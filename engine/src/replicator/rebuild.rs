@@ -162,12 +162,14 @@ impl Volume {
             ));
         }
         // Join as WO with no write in flight, so every write after this reaches it.
+        let local = is_local(addr, &self.config.local_hosts);
         let data = open_data_path(
             self.config.data_transport,
             addr,
             channel.clone(),
             self.generation(),
             timeout,
+            local,
         )
         .await
         .map_err(|e| format!("{addr}: {e}"))?;
@@ -186,7 +188,7 @@ impl Volume {
             data,
             control: control_client(channel),
             inflight: AtomicUsize::new(0),
-            local: is_local(addr, &self.config.local_hosts),
+            local,
             zero_fill_unmaps: std::sync::atomic::AtomicBool::new(!catch_up),
         });
         {

@@ -185,12 +185,14 @@ impl Volume {
         let generation = current.iter().map(|p| p.info.generation).max().unwrap_or(0) + 1;
         let mut replicas = Vec::new();
         for p in &current {
+            let local = is_local(&p.addr, &opts.config.local_hosts);
             let data = open_data_path(
                 opts.config.data_transport,
                 &p.addr,
                 p.channel.clone(),
                 generation,
                 timeout,
+                local,
             )
             .await
             .map_err(|e| StartError::Replica {
@@ -205,7 +207,7 @@ impl Volume {
                 data,
                 control: control_client(p.channel.clone()),
                 inflight: AtomicUsize::new(0),
-                local: is_local(&p.addr, &opts.config.local_hosts),
+                local,
                 zero_fill_unmaps: AtomicBool::new(false),
             }));
         }

@@ -1,6 +1,7 @@
-//! The data stream over data frames (`zebu_proto::frames`): one TCP connection per stream,
-//! on the replica's gRPC port (the accept loop in `listen.rs` sends a connection here when
-//! its first byte is the frames magic).
+//! The data stream over data frames (`zebu_proto::frames`): one connection per stream, on the
+//! replica's gRPC port (the accept loop in `listen.rs` sends a connection here when its first
+//! byte is the frames magic) or on its local socket (a Unix socket for clients on this host,
+//! named in every hello answer; `listen.rs`).
 //!
 //! ```text
 //!   socket ─► FrameReader ─► connection task ─────────────────────────────────────► socket
@@ -30,16 +31,14 @@
 //! line and an END saying what was wrong; other connections are not affected. A read or write
 //! over `MAX_IO_BYTES` that frames correctly is answered INVALID by `run_op`, as on gRPC.
 
-use std::net::SocketAddr;
+use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Code, Status};
 use tracing::{Instrument, debug, info, info_span};
@@ -78,15 +77,23 @@ enum ReadError {
     Io(#[from] std::io::Error),
 }
 
-/// Serves one frames connection until it ends; never panics on its input.
-pub(super) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+/// Serves one frames connection, given as its two halves (TCP or the local socket), until it
+/// ends; never panics on its input.
+pub(super) async fn serve<R, W>(shared: Arc<Shared>, rd: R, wr: W, peer: impl Display)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let span =
         info_span!(parent: &shared.span, "frames", %peer, generation = tracing::field::Empty);
-    run(shared, stream).instrument(span).await;
+    run(shared, rd, wr).instrument(span).await;
 }
 
-async fn run(shared: Arc<Shared>, stream: TcpStream) {
-    let (rd, mut wr) = stream.into_split();
+async fn run<R, W>(shared: Arc<Shared>, rd: R, mut wr: W)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut reader = FrameReader {
         rd,
         buf: BytesMut::with_capacity(READ_CHUNK),
@@ -117,7 +124,13 @@ async fn run(shared: Arc<Shared>, stream: TcpStream) {
         }
     };
     tracing::Span::current().record("generation", generation);
-    if let Err(e) = write_one(&mut wr, &Response::ok(0)).await {
+    // The answer names the replica's local socket, where a client on this host may open its
+    // streams instead (frames.rs in proto: "The local socket").
+    let welcome = Response {
+        message: shared.local_socket.get().cloned().unwrap_or_default(),
+        ..Response::ok(0)
+    };
+    if let Err(e) = write_one(&mut wr, &welcome).await {
         return info!("frames connection lost at the hello answer: {e}");
     }
     info!("frames stream accepted");
@@ -168,7 +181,7 @@ impl Outbox {
     /// Sends what is gathered (one vectored write, or a few if the socket takes less), then
     /// releases the budget of those requests. TCP_NODELAY is set on accept, so the answers
     /// leave at once.
-    async fn send(&mut self, wr: &mut OwnedWriteHalf) {
+    async fn send<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) {
         if !self.gone
             && !self.batch.is_empty()
             && let Err(e) = self.batch.write_to(wr).await
@@ -193,14 +206,18 @@ impl Outbox {
 /// the page cache than with O_DIRECT). Here every request already buffered or on the socket
 /// is started, every answer already done is gathered, and only then is the batch written:
 /// one `read` and one `writev` carry many requests when many are in flight.
-async fn serve_requests(
+async fn serve_requests<R, W>(
     shared: &Arc<Shared>,
     version: u32,
     generation: u64,
     closes: u64,
-    reader: &mut FrameReader,
-    wr: &mut OwnedWriteHalf,
-) -> Option<Response> {
+    reader: &mut FrameReader<R>,
+    wr: &mut W,
+) -> Option<Response>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut fence = shared.fence.subscribe();
     let count = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let bytes = Arc::new(Semaphore::new(BUDGET_UNITS as usize));
@@ -371,8 +388,8 @@ fn frame_status(s: &Status) -> pb::Status {
 
 /// Reads frames off the socket. [`FrameReader::next`] is cancel-safe: bytes are only taken
 /// off the buffer when a whole frame is there, so it can sit in a `select!`.
-struct FrameReader {
-    rd: OwnedReadHalf,
+struct FrameReader<R> {
+    rd: R,
     buf: BytesMut,
     /// A large write whose payload is being read into aligned memory (see
     /// [`DIRECT_PAYLOAD_MIN`]); kept here, not in a local, so `next` stays cancel-safe.
@@ -385,7 +402,7 @@ struct DirectPayload {
     filled: usize,
 }
 
-impl FrameReader {
+impl<R: AsyncRead + Unpin> FrameReader<R> {
     async fn hello(&mut self) -> Result<Hello, ReadError> {
         while self.buf.len() < HELLO_LEN {
             if !self.fill(HELLO_LEN).await? {
@@ -466,7 +483,7 @@ impl FrameReader {
     }
 }
 
-async fn write_one(wr: &mut OwnedWriteHalf, resp: &Response) -> std::io::Result<()> {
+async fn write_one<W: AsyncWrite + Unpin>(wr: &mut W, resp: &Response) -> std::io::Result<()> {
     let mut b = Batch::default();
     b.push_response(resp);
     b.write_to(wr).await

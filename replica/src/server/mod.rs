@@ -1,6 +1,7 @@
 //! The replica's server: serves one replica directory (`zebu.replica.v1.Replica`) over gRPC,
 //! and its data stream also as data frames (`zebu_proto::frames`) on the same port
-//! ([`ReplicaServer::serve`] tells them apart by the first byte; see `listen.rs`).
+//! ([`ReplicaServer::serve`] tells them apart by the first byte; see `listen.rs`) and on a
+//! local Unix socket for clients on the same host.
 //!
 //! # State and locking
 //!
@@ -86,6 +87,8 @@ struct Shared {
     state: Arc<RwLock<State>>,
     fence: watch::Sender<Fence>,
     span: Span,
+    /// The local socket's name (`@…`, abstract), once [`ReplicaServer::serve`] bound it.
+    local_socket: std::sync::OnceLock<String>,
 }
 
 /// The gRPC service of one replica directory. Cheap to clone; clones share everything.
@@ -143,6 +146,7 @@ impl ReplicaServer {
                 state: Arc::new(RwLock::new(state)),
                 fence: watch::Sender::new(fence),
                 span,
+                local_socket: std::sync::OnceLock::new(),
             }),
         }
     }
