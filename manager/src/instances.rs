@@ -297,7 +297,7 @@ impl<S: Store> Instances<S> {
         }
         let engines: Vec<Engine> = self.store.list_as().await.map_err(|e| self.err(e))?;
         for e in engines.iter().filter(|e| e.spec.node == self.node) {
-            if let Err(err) = self.reconcile_engine(e, &replicas).await {
+            if let Err(err) = self.reconcile_engine(e).await {
                 tracing::warn!(engine = %e.metadata.name, "{err}");
             }
         }
@@ -444,11 +444,7 @@ impl<S: Store> Instances<S> {
         Ok(())
     }
 
-    async fn reconcile_engine(
-        &self,
-        e: &Engine,
-        replicas: &[Replica],
-    ) -> Result<(), InstanceError> {
+    async fn reconcile_engine(&self, e: &Engine) -> Result<(), InstanceError> {
         let name = &e.metadata.name;
         let id = engine_identity(e, &self.address, &self.log_dir);
         if e.metadata.deletion_timestamp.is_some() {
@@ -465,7 +461,7 @@ impl<S: Store> Instances<S> {
         }
         let stdout = engine_stdout(e, &self.log_dir);
         if let Some(pid) = running {
-            return self.observe_engine(e, pid, &stdout, replicas).await;
+            return self.observe_engine(e, pid, &stdout).await;
         }
         if self.backing_off(name).await {
             return Ok(());
@@ -492,13 +488,12 @@ impl<S: Store> Instances<S> {
             timeout: ENGINE_READY_TIMEOUT,
         };
         let me = self.clone();
-        let (engine, replicas) = (e.clone(), replicas.to_vec());
+        let engine = e.clone();
         self.spawn_start("engine", name, async move {
             match process::launch(&launch).await {
                 Ok(started) => {
                     tracing::info!(engine = %engine.metadata.name, pid = started.pid, "engine running");
-                    me.observe_engine(&engine, started.pid, &stdout, &replicas)
-                        .await
+                    me.observe_engine(&engine, started.pid, &stdout).await
                 }
                 Err(err) => {
                     me.engine_failed(&engine.metadata.name, &err.to_string())
@@ -571,7 +566,6 @@ impl<S: Store> Instances<S> {
         e: &Engine,
         pid: u32,
         stdout: &Path,
-        replicas: &[Replica],
     ) -> Result<(), InstanceError> {
         let said = process::announced(stdout);
         let control = e
@@ -584,6 +578,15 @@ impl<S: Store> Instances<S> {
             .endpoint
             .clone()
             .or_else(|| said.get("nbd").or_else(|| said.get("iscsi")).cloned());
+        let info = match &control {
+            Some(c) => engine_rpc::info(c).await.map_err(|err| err.to_string()),
+            None => Err("the engine has not printed its control address".to_string()),
+        };
+        // The replicas as stored now, after the engine answered: a pid read before a
+        // replica's restart (this agent restarts its own replicas earlier in the same pass)
+        // would be taken for the process the engine calls RW, and stick, since the engine
+        // never sees that old process fail; the volume would stay Degraded for good.
+        let replicas: Vec<Replica> = self.store.list_as().await.map_err(|e| self.err(e))?;
         let by_addr: BTreeMap<&str, &str> = replicas
             .iter()
             .filter(|r| r.spec.volume == e.spec.volume)
@@ -594,10 +597,6 @@ impl<S: Store> Instances<S> {
             .filter(|r| r.spec.volume == e.spec.volume)
             .filter_map(|r| Some((r.metadata.name.as_str(), r.status.pid?)))
             .collect();
-        let info = match &control {
-            Some(c) => engine_rpc::info(c).await.map_err(|err| err.to_string()),
-            None => Err("the engine has not printed its control address".to_string()),
-        };
         // Progress for `zebu volume get --watch`; an engine that cannot say
         // keeps the last answer.
         let rebuild = match (&control, &info) {

@@ -546,6 +546,45 @@ async fn the_local_socket_serves_the_same_replica_and_is_fenced_with_it() {
     );
 }
 
+/// Runs a busy workload on `c`'s engine, kills replica `victim` with -9 in the middle and
+/// checks that it goes ERR within the I/O timeout, that no acknowledged write was lost and
+/// that the other replicas stayed RW.
+async fn kill_under_load(
+    c: &mut Cluster,
+    victim: usize,
+    what: &str,
+    seed: u64,
+) -> anyhow::Result<()> {
+    let dev = c.engine().nbd_client().await?;
+    let cfg = busy_workload(seed);
+    let model = cfg.new_model(dev.size(), RunId::random())?;
+    let bg = Background::spawn(dev, model, cfg);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let addr = c.addr(victim);
+    c.kill_replica(victim);
+    let deadline = c.cfg.io_timeout + Duration::from_secs(1);
+    c.engine()
+        .wait_until(deadline, |i| mode_in(i, &addr) == "ERR")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", c.logs()))?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (model, report, dev) = bg.stop().await?;
+    assert_clean_run(&format!("{what} across a kill -9"), &report);
+    assert!(report.writes > 500, "too few writes: {report:?}");
+    assert_verified(
+        &format!("{what} after kill -9"),
+        &dev,
+        &model,
+        Expect::Exact,
+    )
+    .await;
+    let info = c.engine().info().await?;
+    for i in (0..3).filter(|&i| i != victim) {
+        assert_eq!(mode_in(&info, &c.addr(i)), "RW", "replica {i}");
+    }
+    Ok(())
+}
+
 /// An engine told that one replica is local (`--local-host`) moves that replica's data over
 /// its local socket and the others' over TCP; a kill -9 of the local replica under a busy
 /// workload makes it ERR within the I/O timeout, like a remote one, and loses no
@@ -580,26 +619,7 @@ async fn engine_uses_the_local_socket_of_a_local_replica_and_survives_its_kill9(
         "replica ls: {listed}"
     );
 
-    let dev = c.engine().nbd_client().await?;
-    let cfg = busy_workload(seed);
-    let model = cfg.new_model(dev.size(), RunId::random())?;
-    let bg = Background::spawn(dev, model, cfg);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    c.kill_replica(0);
-    let deadline = c.cfg.io_timeout + Duration::from_secs(1);
-    c.engine()
-        .wait_until(deadline, |i| mode_in(i, &local) == "ERR")
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}\n{}", c.logs()))?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (model, report, dev) = bg.stop().await?;
-    assert_clean_run("local data path across a kill -9", &report);
-    assert!(report.writes > 500, "too few writes: {report:?}");
-    assert_verified("local data path after kill -9", &dev, &model, Expect::Exact).await;
-    let info = c.engine().info().await?;
-    assert_eq!(mode_in(&info, &c.addr(1)), "RW");
-    assert_eq!(mode_in(&info, &c.addr(2)), "RW");
-    Ok(())
+    kill_under_load(&mut c, 0, "local data path", seed).await
 }
 
 /// Sends `bytes` after a good hello and expects an END with INVALID, then a closed connection.
@@ -744,26 +764,7 @@ async fn engine_over_grpc_data_path_survives_replica_kill9() -> anyhow::Result<(
     let mut c = Cluster::replicas_only("grpc-kill9", 128 << 20)?;
     c.cfg.extra_args = vec!["--data-transport".into(), "grpc".into()];
     c.start_engine()?;
-    let dev = c.engine().nbd_client().await?;
-    let cfg = busy_workload(seed);
-    let model = cfg.new_model(dev.size(), RunId::random())?;
-    let bg = Background::spawn(dev, model, cfg);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let victim = c.addr(2);
-    c.kill_replica(2);
-    let deadline = c.cfg.io_timeout + Duration::from_secs(1);
-    c.engine()
-        .wait_until(deadline, |i| mode_in(i, &victim) == "ERR")
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}\n{}", c.logs()))?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (model, report, dev) = bg.stop().await?;
-    assert_clean_run("gRPC data path across a kill -9", &report);
-    assert!(report.writes > 500, "too few writes: {report:?}");
-    assert_verified("gRPC data path after kill -9", &dev, &model, Expect::Exact).await;
-    let info = c.engine().info().await?;
-    assert_eq!(mode_in(&info, &c.addr(0)), "RW");
-    assert_eq!(mode_in(&info, &c.addr(1)), "RW");
+    kill_under_load(&mut c, 2, "gRPC data path", seed).await?;
     // The surviving replicas served a gRPC data stream, not frames.
     let r0 = c.replica(0).log();
     assert!(r0.contains("data stream accepted"), "replica log:\n{r0}");
