@@ -45,6 +45,8 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    // As `zebu-engine serve` does, so this target alone is measured as the engine runs it.
+    zebu_engine::heap::keep_large_buffers();
     let size = zebu_engine::cli_args::parse_size(&args.size).map_err(anyhow::Error::msg)?;
     let dev: Arc<dyn BlockDevice> = match &args.file {
         Some(p) => {

@@ -28,6 +28,7 @@ pub mod blockdev;
 pub mod busypoll;
 pub mod cli_args;
 pub mod control;
+pub mod heap;
 pub mod iscsi;
 pub mod nbd;
 pub mod replicator;

@@ -146,6 +146,9 @@ fn main() -> std::process::ExitCode {
             };
         }
     };
+    if matches!(cli.cmd, Cmd::Serve(_)) && !zebu_engine::heap::keep_large_buffers() {
+        eprintln!("zebu-engine: note: the allocator did not take the large-buffer settings");
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
