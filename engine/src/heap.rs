@@ -15,7 +15,7 @@
 //! bounded by what the engine had in use at its peak, which its frontends already bound
 //! (`iscsi::session::WRITE_BUDGET` and `OUT_BUDGET` per connection). Measured (benches/README.md,
 //! "Ceilings, and large buffers that stay mapped"): 1 MiB writes at queue depth 8 +25–28 %,
-//! the engine's RSS after the runs 35–39 MiB instead of 33–34.
+//! the engine's peak RSS over those runs 35–39 MiB instead of 33–34.
 
 /// Largest allocation served from an arena rather than its own `mmap` (glibc's maximum).
 const MMAP_THRESHOLD: libc::c_int = 32 << 20;
