@@ -200,6 +200,10 @@ async fn serve(args: ServeArgs, control: Option<String>) -> anyhow::Result<()> {
         salvage: args.salvage,
     })
     .await?;
+    let counted = volume.clone();
+    tokio::spawn(zebu_engine::heap::trim_when_idle(move || {
+        counted.requests_started()
+    }));
     let dev: Arc<dyn BlockDevice> = match args.busy_poll_us {
         0 => volume.clone(),
         us => {

@@ -214,6 +214,12 @@ impl Volume {
         self.flush_number.load(Ordering::Acquire)
     }
 
+    /// How many requests (reads, writes, unmaps, flushes, rebuild copies) the volume has
+    /// started: a count that only grows, for telling an idle volume from a busy one.
+    pub fn requests_started(&self) -> u64 {
+        self.next_id.load(Ordering::Relaxed)
+    }
+
     fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
