@@ -45,7 +45,8 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    // As `zebu-engine serve` does, so this target alone is measured as the engine runs it.
+    // As `zebu-engine serve` does, so this target alone is measured as the engine runs it
+    // (the runtime's threads exist already; the thresholds bind their arenas too).
     zebu_engine::heap::keep_large_buffers();
     let size = zebu_engine::cli_args::parse_size(&args.size).map_err(anyhow::Error::msg)?;
     let dev: Arc<dyn BlockDevice> = match &args.file {

@@ -44,7 +44,8 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    // As `zebu-engine serve` does, so this target alone is measured as the engine runs it.
+    // As `zebu-engine serve` does, so this target alone is measured as the engine runs it
+    // (the runtime's threads exist already; the thresholds bind their arenas too).
     zebu_engine::heap::keep_large_buffers();
     let dev: Arc<dyn BlockDevice> = match &args.file {
         Some(path) => Arc::new(

@@ -43,7 +43,8 @@ const TRIM_THRESHOLD: libc::c_int = 64 << 20;
 const ARENA_MAX: libc::c_int = 1;
 
 /// Sets the allocator parameters described in the module docs. Call once at start-up, before
-/// any other thread exists (the arena limit binds threads that have not allocated yet).
+/// other threads exist: a thread that already has an arena of its own keeps it (the two
+/// thresholds bind every arena at once).
 /// Returns whether the allocator took all three (a non-glibc libc has no such knobs, and the
 /// engine works the same without them, only slower).
 pub fn keep_large_buffers() -> bool {
