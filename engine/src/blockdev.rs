@@ -21,6 +21,15 @@ pub enum BlockError {
     /// The volume has no replica able to serve (faulted).
     #[error("volume unavailable: {0}")]
     Unavailable(String),
+    /// No replica holds a good copy of these blocks (every copy failed its checksum): the
+    /// data is lost and must not be returned. Frontends report an unrecovered read error
+    /// (iSCSI MEDIUM ERROR 11/00, NBD EIO), never the bad bytes.
+    #[error("unrecoverable read error at {offset}+{length}: {detail}")]
+    Medium {
+        offset: u64,
+        length: u64,
+        detail: String,
+    },
 }
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -134,6 +134,7 @@ fn map_err(e: &BlockError, write: bool) -> Sense {
         BlockError::Unavailable(_) => Sense::NOT_READY_INTERVENTION,
         BlockError::Io(_) if write => Sense::WRITE_ERROR,
         BlockError::Io(_) => Sense::READ_ERROR,
+        BlockError::Medium { .. } => Sense::READ_ERROR,
     }
 }
 

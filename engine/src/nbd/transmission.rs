@@ -737,7 +737,7 @@ fn errno(e: BlockError) -> (NbdErrno, BlockError) {
         BlockError::OutOfRange { .. } => NbdErrno::Inval,
         BlockError::NoSpace(_) => NbdErrno::NoSpc,
         // A faulted volume fails I/O like a dead disk; EIO is what filesystems expect.
-        BlockError::Io(_) | BlockError::Unavailable(_) => NbdErrno::Io,
+        BlockError::Io(_) | BlockError::Unavailable(_) | BlockError::Medium { .. } => NbdErrno::Io,
     };
     (n, e)
 }
