@@ -4,6 +4,8 @@
 #
 #   tests/k8s/cluster.sh up   [--state DIR] [--etcd-port P] [--etcd-peer-port P]
 #                             [--apiserver-port P] [--kcm-port P] [--watch-pid PID]
+#   tests/k8s/cluster.sh ensure --state DIR [up's options]   `up`, or reuse the cluster that
+#                                             DIR holds (locked: safe from many processes)
 #   tests/k8s/cluster.sh env  --state DIR     the cluster's settings as KEY=VALUE lines
 #   tests/k8s/cluster.sh down --state DIR     stop what `up` started (by PID), remove DIR
 #
@@ -118,8 +120,9 @@ pick_port() { # excluded...
 make_credentials() {
   local d="$state/pki"
   mkdir -p "$d"
-  # A CA of our own and a serving certificate for 127.0.0.1/localhost, so clients verify the
-  # server (rustls refuses what the API server would self-sign for itself).
+  # A CA of our own and a serving certificate for 127.0.0.1/localhost: the kubeconfigs can
+  # carry the CA before the server starts, and every client (curl, kubectl, kube-rs) verifies
+  # the server instead of skipping verification.
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 7 \
     -subj "/CN=zebu-test-ca" -keyout "$d/ca.key" -out "$d/ca.crt" \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
@@ -239,6 +242,8 @@ cmd_up() {
     state="$(mktemp -d "$base/zebu-k8s.XXXXXX")"
   else
     [ -e "$state/pids" ] && die "$state already holds a cluster (run down first)"
+    # A failed `up` removes the directory: never one that holds something else.
+    if [ -d "$state" ] && [ -n "$(ls -A "$state")" ]; then die "$state is not empty"; fi
     mkdir -p "$state"
     state="$(cd "$state" && pwd)"
   fi
@@ -359,6 +364,43 @@ state_arg() {
   FROM_WATCHER=$from_watcher
 }
 
+# ensure: `up` unless DIR already holds a running cluster, under a lock, so that many
+# processes (nextest runs every test in its own) can share one cluster: the first starts it,
+# the others read its settings.
+cmd_ensure() {
+  local dir="" a=("$@") i
+  for ((i = 0; i < ${#a[@]}; i++)); do [ "${a[i]}" = --state ] && dir="${a[i + 1]:-}"; done
+  [ -n "$dir" ] || die "ensure: --state DIR is required"
+  command -v flock >/dev/null || die "flock is not installed"
+  mkdir -p "$(dirname "$dir")"
+  # -o: the lock stays with flock itself, not with the cluster's processes started under it.
+  exec flock -o "$dir.lock" "$here/cluster.sh" _ensure_locked "$@"
+}
+
+cmd_ensure_locked() {
+  local dir="" a=("$@") i
+  for ((i = 0; i < ${#a[@]}; i++)); do [ "${a[i]}" = --state ] && dir="${a[i + 1]:-}"; done
+  if [ -f "$dir/cluster.env" ] && [ -f "$dir/pids" ]; then
+    local name pid st ok=1
+    while read -r name pid st; do pid_alive "$pid" "$st" || ok=0; done <"$dir/pids"
+    if [ "$ok" = 1 ]; then
+      log "reusing the cluster in $dir"
+      cat "$dir/cluster.env"
+      return 0
+    fi
+    log "the cluster in $dir is partly gone; replacing it"
+    state="$dir"
+    stop_recorded
+    rm -rf "$dir"
+  elif [ -e "$dir/pids" ]; then
+    # An `up` that never finished (killed mid-way): what it started goes.
+    state="$dir"
+    stop_recorded
+    rm -rf "$dir"
+  fi
+  cmd_up "$@"
+}
+
 cmd_env() {
   state_arg "$@"
   [ -f "$state/cluster.env" ] || die "$state has no cluster.env (is it up?)"
@@ -378,12 +420,15 @@ cmd_down() {
   done <"$state/pids"
   [ "$left" -eq 0 ] || die "not everything stopped; state kept in $state"
   rm -rf "$state"
+  rm -f "$state.lock"
   log "down: stopped and removed $state"
 }
 
 case "${1:-}" in
   up) shift; cmd_up "$@" ;;
+  ensure) shift; cmd_ensure "$@" ;;
+  _ensure_locked) shift; cmd_ensure_locked "$@" ;;
   env) shift; cmd_env "$@" ;;
   down) shift; cmd_down "$@" ;;
-  *) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
 esac

@@ -16,7 +16,7 @@ pass() { passed=$((passed + 1)); echo "ok   $*"; }
 fail() { failed=$((failed + 1)); echo "FAIL $*"; }
 check() { # description command... : passes when the command succeeds
   local what="$1"; shift
-  if "$@"; then pass "$what"; else fail "$what"; fi
+  if "$@"; then pass "$what"; else fail "$what"; return 1; fi
 }
 contains() { # haystack needle
   case "$1" in *"$2"*) return 0 ;; *) echo "  expected to find: $2" >&2; echo "  in: $1" >&2; return 1 ;; esac
@@ -47,7 +47,7 @@ trap cleanup EXIT
 up_cluster() {
   local name="$1" line
   states+=("$work/$name")
-  "$here/cluster.sh" up --state "$work/$name" "${@:2}" >"$work/$name.env" 2>"$work/$name.up.log" || {
+  "$here/cluster.sh" "${verb:-up}" --state "$work/$name" "${@:2}" >"$work/$name.env" 2>"$work/$name.up.log" || {
     cat "$work/$name.up.log" >&2; return 1; }
   while IFS= read -r line; do
     [ -n "$line" ] && printf -v "${name}_${line%%=*}" '%s' "${line#*=}"
@@ -182,6 +182,101 @@ for _ in $(seq 1 100); do
 done
 check "the namespace controller finishes a namespace delete" [ "$gone" = yes ]
 
+# --- the storage controllers the CSI tests rely on, with no kubelet and no driver -----------
+# wait_until SECONDS command...: polls every 0.2 s
+wait_until() {
+  local n=$(( $1 * 5 )); shift
+  while [ "$n" -gt 0 ]; do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; n=$((n - 1)); done
+  return 1
+}
+cat >"$work/storage.yaml" <<'EOF'
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: smoke}
+provisioner: driver.smoke.zebu.io
+volumeBindingMode: Immediate
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: dynamic, namespace: default}
+spec:
+  storageClassName: smoke
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: smoke-node
+  annotations: {volumes.kubernetes.io/controller-managed-attach-detach: "true"}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: smoke-pv}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  claimRef: {namespace: default, name: static}
+  csi: {driver: driver.smoke.zebu.io, volumeHandle: smoke-volume}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: static, namespace: default}
+spec:
+  storageClassName: ""
+  volumeName: smoke-pv
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: user, namespace: default}
+spec:
+  nodeName: smoke-node
+  containers: [{name: c, image: example.invalid/none:0}]
+  volumes: [{name: v, persistentVolumeClaim: {claimName: static}}]
+EOF
+out="$(k apply --server-side -f "$work/storage.yaml" 2>&1)"
+check "PVC, PV, Node and Pod apply" [ "$(grep -c serverside-applied <<<"$out")" -eq 6 ] || echo "$out" >&2
+provisioner_of() { [ "$(k get pvc dynamic -o jsonpath='{.metadata.annotations.volume\.kubernetes\.io/storage-provisioner}')" = driver.smoke.zebu.io ]; }
+check "the PV binder hands a claim to its CSI provisioner (annotation)" wait_until 30 provisioner_of
+bound() { [ "$(k get pvc static -o jsonpath='{.status.phase}')" = Bound ]; }
+check "the PV binder binds a pre-bound PV" wait_until 30 bound
+attachment() { k get volumeattachments -o jsonpath='{range .items[*]}{.spec.attacher} {.spec.nodeName} {.spec.source.persistentVolumeName}{"\n"}{end}'; }
+has_attachment() { [ "$(attachment)" = "driver.smoke.zebu.io smoke-node smoke-pv" ]; }
+check "attach-detach makes a VolumeAttachment for a pod with spec.nodeName" wait_until 30 has_attachment
+va="$(k get volumeattachments -o name 2>/dev/null | head -n1)"
+# What csi-attacher would do once ControllerPublishVolume succeeds.
+k patch "$va" --subresource status --type merge -p '{"status":{"attached":true}}' >/dev/null 2>&1
+k delete pod user --grace-period 0 --force >/dev/null 2>&1
+no_attachment() { [ -z "$(k get volumeattachments -o name)" ]; }
+check "attach-detach removes the VolumeAttachment when the pod goes" wait_until 30 no_attachment
+k delete pvc static --wait=false >/dev/null 2>&1
+claim_gone() { ! k get pvc static >/dev/null 2>&1; }
+check "PVC protection lets an unused claim go (its finalizer is removed)" wait_until 30 claim_gone
+released() { [ "$(k get pv smoke-pv -o jsonpath='{.status.phase}')" = Released ]; }
+check "its Retain PV turns Released" wait_until 30 released
+cat >"$work/ds.yaml" <<'EOF'
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: privileged, namespace: default}
+spec:
+  selector: {matchLabels: {app: privileged}}
+  template:
+    metadata: {labels: {app: privileged}}
+    spec:
+      hostNetwork: true
+      containers:
+      - name: c
+        image: example.invalid/none:0
+        securityContext: {privileged: true}
+EOF
+out="$(k apply --server-side -f "$work/ds.yaml" 2>&1)"
+check "a privileged host-network DaemonSet is accepted (--allow-privileged)" \
+  contains "$out" "daemonset.apps/privileged serverside-applied"
+
 # --- the other tools, each used for real where a cluster helps --------------------------------
 if want validate; then
   kv="$("$here/tools.sh" which kubernetes-validate)"
@@ -234,8 +329,11 @@ fi
 # --- a second cluster beside the first, and the watcher -------------------------------------
 sleep 600 &
 sleeper=$!
-if up_cluster b --watch-pid "$sleeper"; then
-  pass "cluster b comes up beside cluster a"
+if verb=ensure up_cluster b --watch-pid "$sleeper"; then
+  pass "cluster b comes up beside cluster a (through ensure)"
+  out="$("$here/cluster.sh" ensure --state "$work/b" --watch-pid "$sleeper" 2>&1)"
+  check "ensure reuses the running cluster" contains "$out" "reusing the cluster in $work/b"
+  check "ensure gives the same settings" contains "$out" "ZEBU_K8S_PIDS=$b_ZEBU_K8S_PIDS"
   check "the two clusters have their own API servers" [ "$a_ZEBU_K8S_SERVER" != "$b_ZEBU_K8S_SERVER" ]
   out="$("$kubectl" --kubeconfig "$b_ZEBU_K8S_KUBECONFIG_ADMIN" get configmap smoke -n default 2>&1)"
   check "cluster b does not see cluster a's objects" contains "$out" 'configmaps "smoke" not found'
