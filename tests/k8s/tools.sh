@@ -7,6 +7,8 @@
 #   tests/k8s/tools.sh which BINARY       absolute path of a built binary (builds nothing)
 #   tests/k8s/tools.sh env                shell lines `export ZEBU_...=...` for every built tool
 #   tests/k8s/tools.sh list               the tools, their modules and versions
+#   tests/k8s/tools.sh prune              delete the Go module and build caches (GBs); the
+#                                         built tools stay, a version change rebuilds cold
 #
 # Groups: k8s (kube-apiserver, kube-controller-manager, kubectl, etcd), csi (the CSI
 # sidecars, snapshot-controller, the snapshot CRDs, csi-sanity), helm, validate (a Python
@@ -323,7 +325,21 @@ main() {
       local t
       for t in "${all_tools[@]}"; do tool_spec "$t"; echo "$t $MOD $VER"; done
       return ;;
-    -h|--help|help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; return ;;
+    prune)
+      # Wait for running builds (each holds its tool's lock) and keep new ones out meanwhile.
+      local t fd
+      [ -d "$cache" ] || return 0
+      for t in "${all_tools[@]}"; do
+        exec {fd}>"$cache/.lock-$t"
+        flock "$fd"
+      done
+      if [ -d "$cache/go" ]; then
+        du -sh "$cache/go" 2>/dev/null | sed 's/^/tools.sh: removing /'
+        chmod -R u+w "$cache/go" 2>/dev/null || true   # the module cache is read-only
+        rm -rf "$cache/go"
+      fi
+      return ;;
+    -h|--help|help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; return ;;
   esac
   command -v go >/dev/null || { echo "tools.sh: go is not installed" >&2; return 1; }
   command -v jq >/dev/null || { echo "tools.sh: jq is not installed" >&2; return 1; }
