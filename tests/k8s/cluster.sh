@@ -249,6 +249,7 @@ cmd_up() {
   fi
   case "$state" in *[[:space:]]*) die "state directory must not contain spaces: $state" ;; esac
   # From here on, a failure stops what was started and removes the state directory.
+  # shellcheck disable=SC2154 # rc is assigned inside the trap
   trap 'rc=$?; if [ "$rc" -ne 0 ]; then stop_recorded; rm -rf "$state"; fi' EXIT
 
   [ -n "$etcd_port" ] || etcd_port="$(pick_port)"
@@ -275,7 +276,8 @@ cmd_up() {
   # Made while etcd starts: neither waits for the other.
   make_credentials
   wait_for etcd "$etcd_pid" "$state/etcd.log" 30 etcd_healthy
-  local t_etcd=$(now_ms)
+  local t_etcd
+  t_etcd=$(now_ms)
 
   "$apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
@@ -295,7 +297,8 @@ cmd_up() {
   local apiserver_pid=$!
   record_pid kube-apiserver "$apiserver_pid"
   wait_for kube-apiserver "$apiserver_pid" "$state/kube-apiserver.log" 90 apiserver_ready
-  local t_api=$(now_ms)
+  local t_api
+  t_api=$(now_ms)
 
   write_kubeconfig "$state/admin.kubeconfig" zebu-admin "$admin_token"
   write_kubeconfig "$state/zebu-manager.kubeconfig" zebu-manager "$manager_token"
@@ -317,7 +320,8 @@ cmd_up() {
   local kcm_pid=$!
   record_pid kube-controller-manager "$kcm_pid"
   wait_for kube-controller-manager "$kcm_pid" "$state/kube-controller-manager.log" 60 kcm_ready
-  local t_kcm=$(now_ms)
+  local t_kcm
+  t_kcm=$(now_ms)
 
   if [ -n "$watch_pid" ]; then
     # Detached from our stdout so a caller reading our output to EOF is not held open.
@@ -414,11 +418,11 @@ cmd_down() {
     kill "$(cat "$state/watch.pid")" 2>/dev/null || true
   fi
   stop_recorded
-  local name pid st left=0
+  local name pid st running=0
   while read -r name pid st; do
-    if pid_alive "$pid" "$st"; then log "$name (pid $pid) is still running"; left=1; fi
+    if pid_alive "$pid" "$st"; then log "$name (pid $pid) is still running"; running=1; fi
   done <"$state/pids"
-  [ "$left" -eq 0 ] || die "not everything stopped; state kept in $state"
+  [ "$running" -eq 0 ] || die "not everything stopped; state kept in $state"
   rm -rf "$state"
   rm -f "$state.lock"
   log "down: stopped and removed $state"

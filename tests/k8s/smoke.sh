@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2154 # the a_* and b_* variables are set by up_cluster (printf -v)
 # Smoke check of the test control plane (no Rust): brings a cluster up, applies a ConfigMap
 # and a small CRD with printer columns server-side, reads them back, checks that a user
 # without rights is refused with a message naming the verb and the resource, runs a second
