@@ -15,7 +15,8 @@
 # venv with kubernetes-validate), all.
 #
 # Settings: ZEBU_TOOLS_CACHE (default /var/cache/zebu-tools), ZEBU_TOOLS_NICE (default 10),
-# ZEBU_TOOLS_GO_P (go build -p; default: go's own, the number of cores).
+# ZEBU_TOOLS_GO_P (go build -p; default: go's own, the number of cores), ZEBU_TOOLS_VERBOSE=1
+# (the go commands' output on the console too; it is always in <tool>-<version>/build.log).
 #
 # Why a wrapper module per tool: `go install k8s.io/kubernetes/cmd/...@v` refuses, because
 # that module's go.mod points every staging module (k8s.io/api, k8s.io/client-go, ...) at
@@ -179,7 +180,9 @@ build_go_tool() {
   mkdir -p "$work/src" "$work/bin"
   cd "$work/src"
   local info gomod gover
-  info="$(go mod download -json "$MOD@$VER")"
+  info="$(go mod download -json "$MOD@$VER")" || {
+    echo "tools.sh: $MOD@$VER from $GOPROXY: $(jq -r '.Error // .' <<<"$info" 2>/dev/null || echo "$info")"
+    return 1; }
   gomod="$(jq -r .GoMod <<<"$info")"
   [ -f "$gomod" ] || { echo "tools.sh: $MOD@$VER: no go.mod from the proxy: $info" >&2; return 1; }
   gover="$(go mod edit -json "$gomod" | jq -r '.Go // "1.22"')"
@@ -225,6 +228,12 @@ build_venv_tool() {
   ln -s ../venv/bin/kubernetes-validate "$work/bin/kubernetes-validate"
 }
 
+# A build's output goes to its log; on the console only with ZEBU_TOOLS_VERBOSE=1 (a cold
+# build prints thousands of "go: downloading" lines), else its own tools.sh lines.
+log_to() {
+  if [ "${ZEBU_TOOLS_VERBOSE:-0}" = 1 ]; then tee "$1"; else tee "$1" | grep --line-buffered '^tools.sh: ' || true; fi
+}
+
 build_tool() {
   local tool="$1" dir start end
   dir="$(tool_dir "$tool")"
@@ -243,7 +252,9 @@ build_tool() {
     return 0
   fi
   local work="$dir.partial.$$"
-  rm -rf "$work" "$dir"
+  # Under the lock nobody else builds this tool: what an earlier failed or killed build
+  # left goes.
+  rm -rf "$dir" "$dir".partial.*
   mkdir -p "$work"
   start=$(date +%s)
   echo "tools.sh: building $tool $VER into $dir"
@@ -253,10 +264,11 @@ build_tool() {
     # `set -e` is off inside a subshell whose status is tested (`( ) || ...`): test it after.
     local rc=0
     set +e
-    (set -e; build_venv_tool "$work"; times >"$work/times") > >(tee "$work.log") 2>&1
+    (set -e; build_venv_tool "$work"; times >"$work/times") > >(log_to "$work.log") 2>&1
     rc=$?
     set -e
     if [ "$rc" -ne 0 ]; then
+      sleep 0.2; tail -n 40 "$work.log" >&2
       echo "tools.sh: building $tool failed; log in $work.log" >&2
       rm -rf "$work"; exec 9>&-; return 1
     fi
@@ -264,10 +276,11 @@ build_tool() {
   else
     local rc=0
     set +e
-    (set -e; build_go_tool "$tool" "$dir" "$work"; times >"$work/times") > >(tee "$work/build.log") 2>&1
+    (set -e; build_go_tool "$tool" "$dir" "$work"; times >"$work/times") > >(log_to "$work/build.log") 2>&1
     rc=$?
     set -e
     if [ "$rc" -ne 0 ]; then
+      sleep 0.2; tail -n 40 "$work/build.log" >&2
       echo "tools.sh: building $tool failed; log in $work/build.log" >&2
       exec 9>&-; return 1
     fi
