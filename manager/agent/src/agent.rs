@@ -19,12 +19,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::instances::Instances;
-use crate::resources::{
-    ConditionStatus, DiskSpec, DiskStatus, Node, NodeSpec, Replica, set_condition,
+use zebu_types::Store;
+use zebu_types::resources::{
+    ConditionStatus, DiskSpec, DiskStatus, Node, NodeSpec, Replica, condition, set_condition,
 };
-use crate::size::ByteSize;
-use crate::store::{Store, StoreError, TypedStore};
+use zebu_types::size::ByteSize;
+use zebu_types::store::{StoreError, TypedStore};
+
+use crate::instances::Instances;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -62,17 +64,17 @@ fn disk_capacity(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
     Ok((st.blocks() * frag, st.blocks_available() * frag))
 }
 
-pub struct NodeAgent<S> {
-    store: Arc<S>,
+pub struct NodeAgent {
+    store: Arc<dyn Store>,
     cfg: AgentConfig,
-    instances: Instances<S>,
+    instances: Instances,
 }
 
 /// How often the agent looks at its replicas and engines.
 const RECONCILE_EVERY: Duration = Duration::from_millis(500);
 
-impl<S: Store> NodeAgent<S> {
-    pub fn new(store: Arc<S>, cfg: AgentConfig) -> Self {
+impl NodeAgent {
+    pub fn new(store: Arc<dyn Store>, cfg: AgentConfig) -> Self {
         let instances = Instances::new(
             store.clone(),
             cfg.node.clone(),
@@ -173,14 +175,20 @@ impl<S: Store> NodeAgent<S> {
                     Ok((max, avail)) => {
                         st.storage_maximum = ByteSize(max);
                         st.storage_available = ByteSize(avail);
-                        set_condition(&mut st.conditions, "Ready", ConditionStatus::True, "", "");
+                        set_condition(
+                            &mut st.conditions,
+                            condition::READY,
+                            ConditionStatus::True,
+                            "",
+                            "",
+                        );
                     }
                     Err(e) => {
                         all_ok = false;
                         tracing::warn!(node = %self.cfg.node, disk = %name, "disk unusable: {e}");
                         set_condition(
                             &mut st.conditions,
-                            "Ready",
+                            condition::READY,
                             ConditionStatus::False,
                             "StatvfsFailed",
                             &e.to_string(),
@@ -204,7 +212,7 @@ impl<S: Store> NodeAgent<S> {
             node.status.disk_status = disk_status;
             set_condition(
                 &mut node.status.conditions,
-                "Ready",
+                condition::READY,
                 ConditionStatus::True,
                 "Heartbeat",
                 "",
@@ -212,7 +220,7 @@ impl<S: Store> NodeAgent<S> {
             let schedulable = all_ok && node.spec.allow_scheduling;
             set_condition(
                 &mut node.status.conditions,
-                "Schedulable",
+                condition::SCHEDULABLE,
                 if schedulable {
                     ConditionStatus::True
                 } else {
@@ -221,7 +229,8 @@ impl<S: Store> NodeAgent<S> {
                 "",
                 "",
             );
-            node.status.last_heartbeat = Some(crate::time::now_rfc3339());
+            node.status.last_heartbeat = Some(zebu_types::time::now_rfc3339());
+            node.status.observed_generation = node.metadata.generation;
             match self.store.update_status_as(&node).await {
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(StoreError::NotFound { .. }) => return Ok(()),
@@ -281,12 +290,13 @@ impl<S: Store> NodeAgent<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::EmbeddedStore;
+    use zebu_store::EmbeddedStore;
 
     #[tokio::test]
     async fn agent_registers_and_reports_real_disk_capacity() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Arc::new(EmbeddedStore::open(dir.path().join("z.redb")).expect("open"));
+        let store: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open(dir.path().join("z.redb")).expect("open"));
         let disk = dir.path().join("node-1/disk-0");
         let cfg = AgentConfig {
             node: "node-1".into(),

@@ -46,20 +46,17 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
-use crate::engine_rpc;
-use crate::process::{self, Identity, Launch};
-use crate::resources::{
-    Engine, EngineState, Frontend, Node, RebuildProgress, Replica, ReplicaMode, ReplicaState,
-    Resource,
+use zebu_ops::engine_rpc;
+use zebu_types::Store;
+use zebu_types::names::{ENGINE_FINALIZER, REPLICA_FINALIZER, REPLICAS_DIR};
+use zebu_types::resources::{
+    Engine, EngineState, EngineVolumeState, Frontend, Node, RebuildKind, RebuildProgress,
+    RebuildState, Replica, ReplicaMode, ReplicaState, Resource,
 };
-use crate::store::{Store, StoreError, TypedStore};
+use zebu_types::size::ByteSize;
+use zebu_types::store::{StoreError, TypedStore};
 
-/// Held by every Replica until its node agent removed its process and files.
-pub const REPLICA_FINALIZER: &str = "zebu.io/replica-cleanup";
-/// Held by every Engine until its node agent stopped its process.
-pub const ENGINE_FINALIZER: &str = "zebu.io/engine-stop";
-/// Replica directories live in this directory of a disk.
-pub const REPLICAS_DIR: &str = "replicas";
+use crate::process::{self, Identity, Launch};
 
 const REPLICA_READY_TIMEOUT: Duration = Duration::from_secs(30);
 const ENGINE_READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -87,8 +84,8 @@ type StartKey = (&'static str, String);
 
 /// Runs the processes of one node. Cloning is cheap and shares everything
 /// (a start task holds a clone).
-pub struct Instances<S> {
-    store: Arc<S>,
+pub struct Instances {
+    store: Arc<dyn Store>,
     node: String,
     address: String,
     log_dir: PathBuf,
@@ -100,7 +97,7 @@ pub struct Instances<S> {
     starts: Arc<SyncMutex<HashMap<StartKey, JoinHandle<()>>>>,
 }
 
-impl<S> Clone for Instances<S> {
+impl Clone for Instances {
     fn clone(&self) -> Self {
         Instances {
             store: self.store.clone(),
@@ -138,12 +135,10 @@ pub fn engine_identity(e: &Engine, node_address: &str, log_dir: &Path) -> Identi
     }
 }
 
+/// A mode word from the engine; one this manager does not know is taken as failed, so it
+/// is never counted as in sync.
 fn parse_mode(m: &str) -> ReplicaMode {
-    match m {
-        "RW" => ReplicaMode::RW,
-        "WO" => ReplicaMode::WO,
-        _ => ReplicaMode::ERR,
-    }
+    ReplicaMode::parse(m).unwrap_or(ReplicaMode::ERR)
 }
 
 /// The `host:port` of an `nbd://host:port/name` or `iscsi://host:port/...`.
@@ -151,8 +146,8 @@ fn endpoint_hostport(endpoint: &str) -> Option<&str> {
     endpoint.split_once("://")?.1.split('/').next()
 }
 
-impl<S: Store> Instances<S> {
-    pub fn new(store: Arc<S>, node: String, address: String, log_dir: PathBuf) -> Self {
+impl Instances {
+    pub fn new(store: Arc<dyn Store>, node: String, address: String, log_dir: PathBuf) -> Self {
         Instances {
             store,
             node,
@@ -346,6 +341,7 @@ impl<S: Store> Instances<S> {
                 .or_else(|| process::announced(&stdout).remove("listening"));
             self.write_status::<Replica>(name, |o| {
                 o.status.state = ReplicaState::Running;
+                o.status.observed_generation = o.metadata.generation;
                 o.status.pid = Some(pid);
                 o.status.address = address.clone();
                 o.status.message.clear();
@@ -406,6 +402,7 @@ impl<S: Store> Instances<S> {
                 let address = started.announced.get("listening").cloned();
                 self.write_status::<Replica>(name, |o| {
                     o.status.state = ReplicaState::Running;
+                    o.status.observed_generation = o.metadata.generation;
                     o.status.pid = Some(started.pid);
                     o.status.address = address.clone();
                     o.status.message.clear();
@@ -533,15 +530,18 @@ impl<S: Store> Instances<S> {
         for a in e.spec.replica_addresses.values() {
             args.extend(["--replica".into(), a.clone()]);
         }
-        match e.spec.frontend {
-            Frontend::Nbd => {
-                args.extend(["--frontend".into(), "nbd".into(), "--nbd-listen".into()])
+        // Without a frontend the engine serves only its control API (maintenance).
+        if !e.spec.disable_frontend {
+            match e.spec.frontend {
+                Frontend::Nbd => {
+                    args.extend(["--frontend".into(), "nbd".into(), "--nbd-listen".into()])
+                }
+                Frontend::Iscsi => {
+                    args.extend(["--frontend".into(), "iscsi".into(), "--iscsi-listen".into()]);
+                }
             }
-            Frontend::Iscsi => {
-                args.extend(["--frontend".into(), "iscsi".into(), "--iscsi-listen".into()]);
-            }
+            args.push(frontend_listen);
         }
-        args.push(frontend_listen);
         if e.spec.salvage {
             args.push("--salvage".into());
         }
@@ -601,13 +601,13 @@ impl<S: Store> Instances<S> {
         // keeps the last answer.
         let rebuild = match (&control, &info) {
             (Some(c), Ok(_)) => match engine_rpc::rebuild_status(c).await {
-                Ok(r) if r.state == "idle" => None,
-                Ok(r) => Some(RebuildProgress {
+                // `idle`: no rebuild yet.
+                Ok(r) => RebuildState::parse(&r.state).map(|state| RebuildProgress {
                     replica: by_addr
                         .get(r.replica.as_str())
                         .map_or_else(|| r.replica.clone(), |n| (*n).to_string()),
-                    state: r.state,
-                    kind: r.kind,
+                    state,
+                    kind: RebuildKind::parse(&r.kind).unwrap_or(RebuildKind::Full),
                     bytes_done: r.bytes_done,
                     bytes_total: r.bytes_total,
                     error: r.error,
@@ -627,13 +627,15 @@ impl<S: Store> Instances<S> {
                 o.status.replica_modes.clear();
             }
             o.status.state = EngineState::Running;
+            o.status.observed_generation = o.metadata.generation;
             o.status.pid = Some(pid);
             o.status.control_address = control.clone();
             o.status.endpoint = endpoint.clone();
             o.status.rebuild = rebuild.clone();
             match &info {
                 Ok(i) => {
-                    o.status.volume_state = Some(i.state.clone());
+                    o.status.volume_state = EngineVolumeState::parse(&i.state);
+                    o.status.size = Some(ByteSize(i.size));
                     let before = std::mem::take(&mut o.status.replica_modes);
                     o.status.unknown_replicas.clear();
                     for r in &i.replicas {

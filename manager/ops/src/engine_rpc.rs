@@ -1,6 +1,7 @@
-//! The few calls the manager makes to an engine's control API
-//! (`zebu_proto::engine`), each bounded by a timeout so a hung engine cannot
-//! stall a node agent or a controller.
+//! Every call the manager makes to an engine's control API (`zebu_proto::engine`), each
+//! bounded by a timeout so a hung engine cannot stall a node agent, a controller or a user's
+//! request. This module is the only place in the manager that speaks to engines: operations
+//! ([`crate::Ops`]), the controllers and the node agent all come through here.
 
 use std::time::Duration;
 
@@ -20,10 +21,13 @@ pub enum EngineRpcError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// The engine answered with an error; `code` says whose mistake it was (the engine
+    /// refuses what cannot be done now with `FailedPrecondition`).
     #[error("engine at {addr}: {call} failed: {message}")]
     Call {
         addr: String,
         call: &'static str,
+        code: tonic::Code,
         message: String,
     },
     #[error("engine at {addr}: {call} timed out after {secs} s")]
@@ -68,6 +72,7 @@ async fn bounded_by<T>(
         Ok(Err(s)) => Err(EngineRpcError::Call {
             addr: addr.to_string(),
             call,
+            code: s.code(),
             message: s.message().to_string(),
         }),
         Err(_) => Err(EngineRpcError::Timeout {
@@ -149,6 +154,35 @@ pub async fn snapshot_delete(addr: &str, name: &str) -> Result<pb::Snapshots, En
         addr,
         "SnapshotDelete",
         c.snapshot_delete(req),
+    )
+    .await
+}
+
+/// Make a snapshot the volume's data again (every replica drops its head and starts a new
+/// one on the snapshot). The engine quiesces I/O; clients that cached data would not know,
+/// which is why ops asks for a volume without a frontend.
+pub async fn snapshot_revert(addr: &str, name: &str) -> Result<pb::Snapshots, EngineRpcError> {
+    let mut c = connect(addr).await?;
+    let req = pb::SnapshotRevertRequest {
+        name: name.to_string(),
+    };
+    bounded_by(
+        SNAPSHOT_TIMEOUT,
+        addr,
+        "SnapshotRevert",
+        c.snapshot_revert(req),
+    )
+    .await
+}
+
+/// Grow the volume on every replica, then for the frontends.
+pub async fn expand(addr: &str, size: u64) -> Result<pb::VolumeInfo, EngineRpcError> {
+    let mut c = connect(addr).await?;
+    bounded_by(
+        SNAPSHOT_TIMEOUT,
+        addr,
+        "Expand",
+        c.expand(pb::ExpandRequest { size }),
     )
     .await
 }

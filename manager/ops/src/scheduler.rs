@@ -35,9 +35,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::resources::{DataLocality, Node, Replica, Volume};
-use crate::settings::Settings;
-use crate::size::ByteSize;
+use zebu_types::resources::{DataLocality, Node, Replica, Volume};
+use zebu_types::settings::Settings;
+use zebu_types::size::ByteSize;
 
 /// Where one new replica goes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,8 +12,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::json;
-use zebu_manager::resources::Kind;
-use zebu_manager::store::EmbeddedStore;
+use zebu_store::EmbeddedStore;
+use zebu_types::Kind;
+use zebu_types::store::ListParams;
 
 const CHILD_ENV: &str = "ZEBU_STORE_CRASH_CHILD";
 
@@ -24,7 +25,10 @@ fn crash_child() {
         return;
     };
     let store = EmbeddedStore::open(&path).expect("child: open");
-    let (items, _) = store.list_sync(Kind::Setting).expect("child: list");
+    let items = store
+        .list_sync(Kind::Setting, &ListParams::all())
+        .expect("child: list")
+        .items;
     let mut n = items
         .iter()
         .filter_map(|i| {
@@ -107,7 +111,10 @@ fn acknowledged_writes_survive_kill_9() {
         acked_max = Some(acked_max.map_or(round_max, |m| m.max(round_max)));
 
         let store = EmbeddedStore::open(&path).expect("db opens after kill -9");
-        let (items, rv) = store.list_sync(Kind::Setting).expect("list");
+        let list = store
+            .list_sync(Kind::Setting, &ListParams::all())
+            .expect("list");
+        let items = list.items;
         let mut present: Vec<u64> = items
             .iter()
             .filter_map(|i| {
@@ -141,7 +148,7 @@ fn acknowledged_writes_survive_kill_9() {
             .and_then(|v| v.parse().ok())
             .expect("counter value");
         assert!(c >= max, "round {round}: counter {c} behind acked {max}");
-        assert!(rv > 0);
+        assert!(!list.resource_version.is_empty());
         drop(store);
     }
     assert_eq!(kills, 25);

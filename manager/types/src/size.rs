@@ -9,6 +9,10 @@
 //!
 //! [`ByteSize`] is the one type every resource uses for a size; it serialises
 //! as a plain integer of bytes so the stored JSON and the CRD schema are exact.
+//!
+//! This is the one size parser of the manager (the API, the CLI and `zebu up`). The
+//! replica and engine binaries still carry parsers of their own (`parse_size` in
+//! `replica/src/main.rs` and `engine/src/cli_args.rs`), to be replaced by this one.
 
 use std::fmt;
 use std::str::FromStr;
@@ -45,7 +49,7 @@ pub enum SizeError {
         "invalid size {input:?}: unknown unit {unit:?} (use K, M, G, T, P or Ki, Mi, Gi, Ti, Pi)"
     )]
     UnknownUnit { input: String, unit: String },
-    #[error("invalid size {input:?}: larger than 2^64 bytes")]
+    #[error("size {input:?} is too large: a size must be below 16 EiB (2^64 bytes, 16384P)")]
     Overflow { input: String },
 }
 
@@ -202,6 +206,12 @@ mod tests {
     #[test]
     fn overflow_is_an_error_not_a_wrap() {
         assert!(matches!(parse("16384P"), Err(SizeError::Overflow { .. })));
+        let e = parse("99999999999T").expect_err("too large");
+        assert!(
+            e.to_string()
+                .starts_with("size \"99999999999T\" is too large"),
+            "{e}"
+        );
         assert!(matches!(
             parse("99999999999999999999999"),
             Err(SizeError::Overflow { .. })

@@ -1,8 +1,9 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::resources::{
-    ConditionStatus, DiskSpec, DiskStatus, Frontend, NodeSpec, ReplicaSpec, VolumeSpec, ZONE_LABEL,
+use zebu_types::names::ZONE_LABEL;
+use zebu_types::resources::{
+    ConditionStatus, DiskSpec, DiskStatus, Frontend, NodeSpec, ReplicaSpec, VolumeSpec,
     set_condition,
 };
 
@@ -72,6 +73,7 @@ fn volume(name: &str, gib: u64, replicas: u32) -> Volume {
             data_locality: DataLocality::Disabled,
             stale_replica_timeout: 60,
             node_id: None,
+            disable_frontend: false,
         },
     )
 }
