@@ -13,7 +13,9 @@ use zebu_types::names::{
     ENGINE_FINALIZER, NODE_LABEL, REPLICA_FINALIZER, REPLICAS_DIR, SUPERSEDED_AT_ANNOTATION,
     SUPERSEDED_LABEL, VOLUME_FINALIZER, VOLUME_LABEL, engine_name,
 };
-use zebu_types::resources::{Engine, Replica, ReplicaSpec, Resource, Volume};
+use zebu_types::resources::{
+    Engine, Replica, ReplicaSpec, Resource, Volume, condition, condition_is_true,
+};
 use zebu_types::store::{StoreError, TypedStore};
 use zebu_types::{Kind, Store};
 
@@ -73,6 +75,12 @@ impl VolumeApplier {
             tracing::debug!(volume = %name, "{action}");
             let next = match action {
                 Action::SetStatus(status) => {
+                    let salvaging = |s: &zebu_types::resources::VolumeStatus| {
+                        condition_is_true(&s.conditions, condition::SALVAGING)
+                    };
+                    if salvaging(&status) && !salvaging(&current.status) {
+                        tracing::warn!(volume = %name, "engine faulted with every replica process up: auto-salvage");
+                    }
                     let prev = current.status.robustness;
                     if prev != status.robustness {
                         tracing::info!(volume = %name, "robustness {prev:?} -> {:?}", status.robustness);
