@@ -623,11 +623,31 @@ pub fn all() -> Vec<Case> {
             ),
             v.clone(),
             &[
-                "update v-e: size 2 GiB v-r-1 v-r-2 v-r-3",
                 "resize v-r-1 to 2 GiB",
                 "resize v-r-2 to 2 GiB",
                 "resize v-r-3 to 2 GiB",
+                "update v-e: size 2 GiB v-r-1 v-r-2 v-r-3",
                 "status attached healthy on node-1 at nbd://127.0.0.11:10809/v",
+            ],
+        ),
+        case(
+            "a detached volume's replicas follow the size its engine grew it to",
+            fixture(
+                vec![{
+                    let mut x = with_status(vol(3, None), VolumeState::Detached);
+                    x.spec.size = ByteSize(2 * GIB);
+                    x
+                }],
+                nodes(3),
+                three_running(),
+                vec![],
+            ),
+            v.clone(),
+            &[
+                "resize v-r-1 to 2 GiB",
+                "resize v-r-2 to 2 GiB",
+                "resize v-r-3 to 2 GiB",
+                "status detached healthy",
             ],
         ),
     ];

@@ -175,17 +175,19 @@ impl VolumeApplier {
                 }
                 Action::ResizeReplica { replica, size } => match w.replica(&replica) {
                     Some(r) => {
+                        tracing::info!(volume = %name, replica = %replica, size = %size, "replica follows the volume's size");
                         let mut next = r.clone();
                         next.spec.size = size;
                         match self.store.update_as(&next).await {
-                            Ok(_) => Next::Go,
-                            Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
-                                Next::Stop
+                            // Changed meanwhile: the next pass does it again.
+                            Ok(_)
+                            | Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
+                                Next::Go
                             }
                             Err(e) => return Err(err(e)),
                         }
                     }
-                    None => Next::Stop,
+                    None => Next::Go,
                 },
                 Action::CreateEngine { spec } => {
                     let node = spec.node.clone();
@@ -208,14 +210,15 @@ impl VolumeApplier {
                         let mut next = e.clone();
                         next.spec = spec;
                         match self.store.update_as(&next).await {
-                            Ok(_) => Next::Go,
-                            Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
-                                Next::Stop
+                            // The agent wrote its status meanwhile: the next pass does it again.
+                            Ok(_)
+                            | Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
+                                Next::Go
                             }
                             Err(e) => return Err(err(e)),
                         }
                     }
-                    None => Next::Stop,
+                    None => Next::Go,
                 },
                 Action::DeleteEngine { engine, force } => {
                     tracing::info!(volume = %name, engine = %engine, force, "stopping the engine");

@@ -314,6 +314,18 @@ pub fn decide(w: &World, v: &Volume) -> Vec<Action> {
         }
     }
 
+    // After an expansion, the objects follow the size (the engine's, or the volume's once
+    // ops recorded it), so restarts of the replicas and of the engine ask for that size.
+    let target = engine_size.map_or(v.spec.size, |s| s.max(v.spec.size));
+    for r in live.iter().chain(&superseded) {
+        if r.spec.size < target {
+            actions.push(Action::ResizeReplica {
+                replica: r.metadata.name.clone(),
+                size: target,
+            });
+        }
+    }
+
     // 4. Attach / detach.
     actions.extend(stopping);
     let running: BTreeMap<String, String> = live
@@ -343,7 +355,7 @@ pub fn decide(w: &World, v: &Volume) -> Vec<Action> {
         (Some(_), Some(e)) => tend_engine(
             w,
             e,
-            &mine,
+            target,
             &live,
             &running,
             salvaging,
@@ -451,7 +463,7 @@ pub fn decide(w: &World, v: &Volume) -> Vec<Action> {
 fn tend_engine(
     w: &World,
     e: &Engine,
-    mine: &[&Replica],
+    size: ByteSize,
     live: &[&Replica],
     running: &BTreeMap<String, String>,
     salvaging: bool,
@@ -464,6 +476,7 @@ fn tend_engine(
         if !running.is_empty() {
             spec.replica_addresses = running.clone();
         }
+        spec.size = spec.size.max(size);
         let every_replica_runs = running.len() == live.len() && !live.is_empty();
         if e.status.state == EngineState::Error
             && e.status.message.contains("--salvage")
@@ -540,25 +553,13 @@ fn tend_engine(
             address: addr.clone(),
         });
     }
-    // After an expansion, the objects follow the size the engine serves, so restarts of
-    // the engine and of its replicas ask for that size.
-    if let Some(size) = e.status.size {
-        if e.spec.size < size {
-            let mut spec = e.spec.clone();
-            spec.size = size;
-            actions.push(Action::UpdateEngineSpec {
-                engine: e.metadata.name.clone(),
-                spec,
-            });
-        }
-        for r in mine.iter().filter(|r| !r.metadata.is_deleting()) {
-            if r.spec.size < size {
-                actions.push(Action::ResizeReplica {
-                    replica: r.metadata.name.clone(),
-                    size,
-                });
-            }
-        }
+    if e.spec.size < size {
+        let mut spec = e.spec.clone();
+        spec.size = size;
+        actions.push(Action::UpdateEngineSpec {
+            engine: e.metadata.name.clone(),
+            spec,
+        });
     }
 }
 
