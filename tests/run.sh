@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
 # Runs Zebu's whole test suite on a Debian machine: installs the real clients the tests drive
 # (when missing and running as root), builds every binary, then runs every test with nextest.
+# Safe to run again: an installed package or tool is not installed twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(fio libiscsi-bin nbdkit libnbd-bin tgt e2fsprogs iptables psmisc fuse3 util-linux)
+# Every program a test starts, by the Debian package that ships it:
+#   fio                      fio (engine NBD tests, benches)
+#   iscsi-inq, iscsi-ls, ... libiscsi-bin (iSCSI tests)
+#   nbdkit                   nbdkit (reference NBD server in the workload tests)
+#   nbdinfo, nbdcopy,        libnbd-bin (NBD clients; nbdfuse mounts a volume over FUSE,
+#     nbdfuse                  which needs fuse3 and its library libfuse3-3)
+#   qemu-io, qemu-img        qemu-utils (the manager tests write and read volumes with qemu-io)
+#   tgtd, tgtadm             tgt (reference iSCSI target)
+#   mkfs.ext4                e2fsprogs
+#   iptables                 iptables (network faults between loopback addresses)
+#   fuser                    psmisc
+#   losetup, mount, umount   util-linux, mount
+packages=(fio libiscsi-bin nbdkit libnbd-bin fuse3 libfuse3-3 qemu-utils tgt e2fsprogs iptables
+  psmisc util-linux mount)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -14,11 +28,13 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "missing packages: ${missing[*]} (run as root, or install them first)" >&2
     exit 1
   fi
+  echo "installing ${missing[*]}" >&2
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 if ! cargo nextest --version >/dev/null 2>&1; then
-  cargo install --locked cargo-nextest
+  echo "installing cargo-nextest" >&2
+  cargo install --quiet --locked cargo-nextest
 fi
 
 # The end-to-end tests start the real binaries from this build.
