@@ -292,14 +292,19 @@ async fn run_locked(
     let mut live_starts: Vec<i64> = Vec::new();
     for m in target.list(&format!("families/{family}/sessions")).await? {
         let age = now - m.last_modified.timestamp_millis();
-        if age > 2 * sessions_cfg.ttl.as_millis() as i64 {
+        let body: Option<SessionBody> = target
+            .get(&m.location)
+            .await?
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        // Each writer is judged by the ttl it keeps to; a marker without one by ours.
+        let ttl = body
+            .as_ref()
+            .and_then(|b| b.ttl_ms)
+            .map_or(sessions_cfg.ttl.as_millis() as i64, |t| t as i64);
+        if age > 2 * ttl {
             target.delete(&m.location).await?;
             report.expired_sessions_removed += 1;
-        } else if age <= sessions_cfg.ttl.as_millis() as i64 {
-            let body: Option<SessionBody> = target
-                .get(&m.location)
-                .await?
-                .and_then(|b| serde_json::from_slice(&b).ok());
+        } else if age <= ttl {
             // A marker whose start is not recorded yet counts as the oldest possible.
             live_starts.push(body.and_then(|b| b.started_ms).unwrap_or(i64::MIN));
         }

@@ -48,6 +48,10 @@ pub struct SessionBody {
     /// Server time of the marker's first put, ms since the epoch; absent until known.
     pub started_ms: Option<i64>,
     pub pid: u32,
+    /// The ttl this writer keeps to (it refreshes well within it and refuses to commit after
+    /// half of it without a refresh); GC judges the marker by it.
+    #[serde(default)]
+    pub ttl_ms: Option<u64>,
 }
 
 /// The relative key of a session marker.
@@ -82,6 +86,7 @@ impl Session {
             purpose: purpose.to_string(),
             started_ms: None,
             pid: std::process::id(),
+            ttl_ms: Some(times.ttl.as_millis() as u64),
         };
         let born = Instant::now();
         let json =

@@ -8,6 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use object_store::ObjectStoreExt;
 use zebu_backupstore::*;
 
 fn done(o: GcOutcome) -> GcReport {
@@ -250,11 +251,12 @@ async fn a_flipped_byte_in_a_pack_fails_restore_and_verify_naming_object_and_chu
     let index = store.family_index(&m.family).await.unwrap();
     let (pack, entry) = index.locate(&hash).unwrap();
     let key = format!("bad/families/f/packs/{}.pack", pack.id);
-    let url = format!("/zebu/{key}");
-    let body = common::http_get_body(moto.port, &url);
-    let mut bad = body.clone();
+    let s3 = moto.s3("zebu");
+    let path = object_store::path::Path::from(key.as_str());
+    let body = s3.get(&path).await.unwrap().bytes().await.unwrap();
+    let mut bad = body.to_vec();
     bad[(entry.offset + u64::from(entry.stored_len) / 2) as usize] ^= 0x40;
-    common::http_put_body(moto.port, &url, &bad);
+    s3.put(&path, bad.into()).await.unwrap();
 
     let e = restore(&store, &m).await.unwrap_err();
     let text = e.to_string();

@@ -304,38 +304,17 @@ impl Moto {
     }
 }
 
-fn http_full(port: u16, method: &str, path: &str, body: &[u8]) -> Vec<u8> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).unwrap();
-    out
-}
-
-/// GETs an object's body from moto (unsigned; authentication off).
-pub fn http_get_body(port: u16, path: &str) -> Vec<u8> {
-    let out = http_full(port, "GET", path, &[]);
-    let at = out.windows(4).position(|w| w == b"\r\n\r\n").expect("head") + 4;
-    let head = String::from_utf8_lossy(&out[..at]).to_lowercase();
-    assert!(head.starts_with("http/1.1 200"), "{head}");
-    assert!(
-        !head.contains("transfer-encoding: chunked"),
-        "chunked body not handled"
-    );
-    out[at..].to_vec()
-}
-
-/// PUTs an object's body to moto.
-pub fn http_put_body(port: u16, path: &str, body: &[u8]) {
-    let out = http_full(port, "PUT", path, body);
-    assert!(
-        out.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&out[..out.len().min(300)])
-    );
+impl Moto {
+    /// A raw S3 client of this server's bucket (to damage objects behind the store's back).
+    pub fn s3(&self, bucket: &str) -> object_store::aws::AmazonS3 {
+        object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(bucket)
+            .with_region("us-east-1")
+            .with_access_key_id("testing")
+            .with_secret_access_key("testing")
+            .with_endpoint(self.endpoint())
+            .with_allow_http(true)
+            .build()
+            .expect("s3 client")
+    }
 }
