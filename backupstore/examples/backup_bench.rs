@@ -346,6 +346,23 @@ async fn main() -> anyhow::Result<()> {
         }
         row(&name, "restore", &r, None);
         let _ = std::fs::remove_file(&out);
+        // Delete the older backups and GC twice (condemn, then delete): time and memory of GC.
+        for old in ["full", "again"] {
+            let mut c = Command::new(&tool);
+            base(&mut c);
+            run(c.args(["rm", "--family", "bench", "--name", old]))?;
+        }
+        for pass in ["gc-pass-1", "gc-pass-2"] {
+            let mut c = Command::new(&tool);
+            base(&mut c);
+            let r = run(c.args(["gc", "--family", "bench", "--margin-secs", "0"]))?;
+            row(
+                &name,
+                pass,
+                &r,
+                Some(count_objects(lister.as_ref(), &name).await?),
+            );
+        }
     }
 
     // restic.

@@ -6,7 +6,8 @@
 //! downloaded once and delivered with all its offsets). Consecutive chunks that lie back to
 //! back in one pack are read with one ranged GET (up to [`RestoreOptions::max_read`]), and
 //! [`RestoreOptions::concurrency`] reads are in flight while the caller writes what came.
-//! Memory: the plan (about 50 bytes per chunk of the backup) plus `concurrency × max_read`.
+//! Memory: the plan (about 150 bytes per chunk of the backup while it is built, ~150 MiB for
+//! a full TiB; a plan per page would bound it further) plus `concurrency × max_read`.
 //!
 //! Every blob is decompressed and checked against its hash before it is handed on; a blob
 //! that fails is an error naming the pack object, the chunk hash and its volume offset, and
