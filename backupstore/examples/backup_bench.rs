@@ -36,6 +36,15 @@ struct Args {
     dir: PathBuf,
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Zebu's largest restore read, MiB.
+    #[arg(long, default_value_t = 16)]
+    max_read_mib: u64,
+    /// Zebu's restore reads in flight.
+    #[arg(long, default_value_t = 4)]
+    reads: usize,
+    /// Skip restic (Zebu rows only).
+    #[arg(long)]
+    no_restic: bool,
 }
 
 /// Where each tool writes: a URL maker for Zebu, restic's repository, the environment,
@@ -47,6 +56,16 @@ type Targets = (
     Box<dyn ObjectStore>,
 );
 
+/// Kills the moto server however the bench ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 struct Run {
     secs: f64,
     max_rss_kib: i64,
@@ -55,35 +74,69 @@ struct Run {
 
 /// Runs a command to completion and measures its wall time and peak RSS.
 fn run(cmd: &mut Command) -> anyhow::Result<Run> {
+    use std::io::Read;
     let t = Instant::now();
-    let child = cmd
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("{cmd:?}"))?;
     let pid = child.id() as i32;
-    let out = std::thread::spawn(move || child.wait_with_output());
+    let drain = |p: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut p) = p {
+                let _ = p.read_to_string(&mut s);
+            }
+            s
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    // Peak RSS from /proc (VmHWM starts afresh at exec; ru_maxrss of a child also counts
+    // what it shared with this process before exec).
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hwm = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut best = 0i64;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                    && let Some(v) = s.lines().find_map(|l| l.strip_prefix("VmHWM:"))
+                {
+                    best = best.max(v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            best
+        })
+    };
     let mut status = 0;
-    // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
+    // SAFETY: an all-zero rusage is valid; wait4 fills it.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for the child we spawned; the output thread only reads its pipes (its
-    // own wait then fails harmlessly with ECHILD, which we ignore).
+    // SAFETY: waits for the child spawned above, which nothing else waits for.
     let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
     let secs = t.elapsed().as_secs_f64();
-    let output = out.join().map_err(|_| anyhow::anyhow!("output thread"))?;
-    let (stdout, stderr) = match output {
-        Ok(o) => (
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        ),
-        Err(_) => (String::new(), String::new()),
-    };
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = hwm.join().unwrap_or(0);
+    let stdout = out.join().unwrap_or_default();
+    let stderr = err.join().unwrap_or_default();
     if r < 0 || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
         bail!("{cmd:?} failed ({status}): {stderr}");
     }
     Ok(Run {
         secs,
-        max_rss_kib: ru.ru_maxrss,
+        max_rss_kib: peak.max(1),
         stdout,
     })
 }
@@ -222,7 +275,7 @@ async fn main() -> anyhow::Result<()> {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
-        moto_child = Some(child);
+        moto_child = Some(KillOnDrop(child));
         let ep = format!("http://127.0.0.1:{port}");
         let t = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -365,6 +418,10 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
+    if a.no_restic {
+        drop(moto_child);
+        return Ok(());
+    }
     // restic.
     let restic = |args: &[&str]| {
         let mut c = Command::new("restic");
@@ -430,10 +487,7 @@ async fn main() -> anyhow::Result<()> {
             )?,
         )?;
     }
-    if let Some(mut c) = moto_child {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    drop(moto_child);
     let _ = std::fs::remove_dir_all(&run_dir);
     Ok(())
 }

@@ -43,6 +43,9 @@ struct Args {
     /// Restore reads in flight.
     #[arg(long, default_value_t = 4)]
     reads: usize,
+    /// Largest restore read in MiB.
+    #[arg(long, default_value_t = 16)]
+    max_read_mib: u64,
     /// zstd or lz4.
     #[arg(long, default_value = "zstd")]
     codec: String,
