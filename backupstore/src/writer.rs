@@ -76,6 +76,9 @@ struct Counters {
 }
 
 struct Job {
+    /// Order of hand-over: the packer appends in this order, so chunks handed over in
+    /// volume order lie back to back in packs and a restore reads them in large ranges.
+    seq: u64,
     slot: u64,
     data: Bytes,
 }
@@ -116,6 +119,7 @@ pub struct BackupWriter {
     zeros: Vec<Range<u64>>,
     counters: Arc<Counters>,
     cache: Option<std::path::PathBuf>,
+    next_seq: u64,
 }
 
 impl BackupWriter {
@@ -132,7 +136,7 @@ impl BackupWriter {
         let counters = Arc::new(Counters::default());
         let workers_n = settings.workers.max(1);
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(workers_n);
-        let (out_tx, out_rx) = mpsc::channel::<Processed>(workers_n);
+        let (out_tx, out_rx) = mpsc::channel::<(u64, Processed)>(workers_n);
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
         let workers = (0..workers_n)
             .map(|_| {
@@ -143,10 +147,11 @@ impl BackupWriter {
                         let job = jobs_rx.lock().await.recv().await;
                         let Some(job) = job else { break };
                         let index = index.clone();
+                        let seq = job.seq;
                         let processed =
                             tokio::task::spawn_blocking(move || process(job, &index, codec)).await;
                         let Ok(p) = processed else { break };
-                        if out_tx.send(p).await.is_err() {
+                        if out_tx.send((seq, p)).await.is_err() {
                             break;
                         }
                     }
@@ -169,6 +174,7 @@ impl BackupWriter {
             zeros: Vec::new(),
             counters,
             cache,
+            next_seq: 0,
         }
     }
 
@@ -219,8 +225,11 @@ impl BackupWriter {
             .jobs
             .as_ref()
             .ok_or_else(|| BackupError::InvalidInput("writer already finished".into()))?;
+        let seq = self.next_seq;
+        self.next_seq += 1;
         if tx
             .send(Job {
+                seq,
                 slot: offset / cs,
                 data,
             })
@@ -491,14 +500,36 @@ fn process(job: Job, index: &FamilyIndex, codec: Codec) -> Processed {
 }
 
 async fn run_packer(
-    mut rx: mpsc::Receiver<Processed>,
+    mut rx: mpsc::Receiver<(u64, Processed)>,
     mut sink: PackSink,
     counters: Arc<Counters>,
 ) -> Result<PackerOut> {
     let mut changes = BTreeMap::new();
     let mut session_blobs = HashSet::new();
     let twice = |slot: u64| BackupError::InvalidInput(format!("chunk slot {slot} given twice"));
-    while let Some(p) = rx.recv().await {
+    // Workers finish out of order; put results back in hand-over order (the window is the
+    // chunks in flight, a few per worker).
+    let mut reorder: BTreeMap<u64, Processed> = BTreeMap::new();
+    let mut next = 0u64;
+    let mut closed = false;
+    loop {
+        let p = match reorder.remove(&next) {
+            Some(p) => p,
+            None if closed => match reorder.pop_first() {
+                Some((_, p)) => p,
+                None => break,
+            },
+            None => {
+                match rx.recv().await {
+                    Some((seq, p)) => {
+                        reorder.insert(seq, p);
+                    }
+                    None => closed = true,
+                }
+                continue;
+            }
+        };
+        next += 1;
         match p {
             Processed::Zero { slot } => {
                 counters.zero_chunks.fetch_add(1, Ordering::Relaxed);
