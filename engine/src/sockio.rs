@@ -1,12 +1,15 @@
 //! Small pieces the NBD server and the iSCSI target share in their connection loops: both
 //! serve a connection from one task that waits for the socket to be readable (room for more
-//! requests) and/or writable (answers queued), and both queue answers as a list of byte
-//! chunks written with vectored writes.
+//! requests) and/or writable (answers queued), both queue answers as a list of byte chunks
+//! written with vectored writes, and both refuse connections over their limit.
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use tokio::io::Interest;
+use tokio::time::Instant;
 
 /// What to wait for on the socket: readable when the loop wants input, writable when it has
 /// output queued; `None` when neither (the loop then waits only for running commands).
@@ -37,6 +40,36 @@ pub(crate) fn consume(chunks: &mut VecDeque<Bytes>, n: usize) -> usize {
         }
     }
     left
+}
+
+/// Logs refused connections without letting a flood of them flood the log: the first one,
+/// then at most one line per interval with the count since.
+#[derive(Default)]
+pub(crate) struct Refusals {
+    last_log: Option<Instant>,
+    since: u64,
+}
+
+impl Refusals {
+    const INTERVAL: Duration = Duration::from_secs(10);
+
+    pub(crate) fn note(&mut self, peer: SocketAddr, max: usize) {
+        self.since += 1;
+        let now = Instant::now();
+        if self
+            .last_log
+            .is_none_or(|t| now.duration_since(t) >= Self::INTERVAL)
+        {
+            tracing::warn!(
+                %peer,
+                max_connections = max,
+                refused = self.since,
+                "too many connections: refusing"
+            );
+            self.last_log = Some(now);
+            self.since = 0;
+        }
+    }
 }
 
 #[cfg(test)]

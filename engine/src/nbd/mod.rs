@@ -191,7 +191,7 @@ impl NbdServer {
         let slots = Arc::new(Semaphore::new(
             self.cfg.max_connections.min(Semaphore::MAX_PERMITS),
         ));
-        let mut refusals = Refusals::default();
+        let mut refusals = crate::sockio::Refusals::default();
         let mut conns = JoinSet::new();
         tokio::pin!(shutdown);
         loop {
@@ -235,36 +235,6 @@ impl NbdServer {
         let _ = stop_tx.send(true);
         while conns.join_next().await.is_some() {}
         Ok(())
-    }
-}
-
-/// Logs refused connections without letting a flood of them flood the log: the first one,
-/// then at most one line per interval with the count since.
-#[derive(Default)]
-struct Refusals {
-    last_log: Option<tokio::time::Instant>,
-    since: u64,
-}
-
-impl Refusals {
-    const INTERVAL: Duration = Duration::from_secs(10);
-
-    fn note(&mut self, peer: SocketAddr, max: usize) {
-        self.since += 1;
-        let now = tokio::time::Instant::now();
-        if self
-            .last_log
-            .is_none_or(|t| now.duration_since(t) >= Self::INTERVAL)
-        {
-            tracing::warn!(
-                %peer,
-                max_connections = max,
-                refused = self.since,
-                "too many connections: refusing"
-            );
-            self.last_log = Some(now);
-            self.since = 0;
-        }
     }
 }
 
