@@ -442,3 +442,83 @@ async fn connections_over_the_limit_are_refused_and_a_closed_one_frees_its_slot(
     assert!(admitted, "no slot after a connection closed");
     a.nop().await;
 }
+
+/// Non-immediate READ(10)s of 1 MiB at LBA 0, pipelined.
+fn pipelined_reads(c: &mut Client, first_itt: u32, n: u32) -> Vec<u8> {
+    let mut wire = Vec::new();
+    for i in 0..n {
+        let mut b = bhs(0x01, 0x80 | 0x40);
+        b[8..16].copy_from_slice(&LUN1);
+        put32(&mut b, 16, first_itt + i);
+        put32(&mut b, 20, 1 << 20);
+        put32(&mut b, 24, c.cmd_sn);
+        c.cmd_sn += 1;
+        let cdb = rw10(0x28, 0, 2048);
+        b[32..32 + cdb.len()].copy_from_slice(&cdb);
+        wire.extend_from_slice(&b);
+    }
+    wire
+}
+
+/// An initiator that never reads its responses holds only its own budgets, but also a
+/// connection slot: past the response timeout its connection is closed and the slot serves
+/// the next initiator. One that reads, however slowly, keeps its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initiator_that_leaves_responses_unread_past_the_timeout_is_disconnected() {
+    let (addr, _stop) = start_with("127.0.0.66", Arc::new(MemDevice::new(8 << 20)), |c| {
+        c.max_connections = 1;
+        c.response_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let mut stuck = Client::login(addr).await;
+    let wire = pipelined_reads(&mut stuck, 100, 64);
+    stuck.s.write_all(&wire).await.expect("send");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut finished = 0;
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let Some(p) = stuck.recv_within(Duration::from_secs(5)).await else {
+                return true;
+            };
+            if p.opcode() == 0x25 && p.bhs[1] & 0x01 != 0 {
+                finished += 1;
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    assert!(closed, "the target kept the stalled connection");
+    assert!(finished < 64, "all {finished} READs were answered");
+
+    // Its slot is free again (the only one), and a slow reader keeps its connection: at
+    // ~800 KB/s the kernel lets the target write again only every second or so (it waits
+    // for a third of the send buffer to be free), which the target must not take for a
+    // client that reads nothing.
+    let mut slow = Client::login(addr).await;
+    let reads = 12;
+    let wire = pipelined_reads(&mut slow, 500, reads);
+    slow.s.write_all(&wire).await.expect("send");
+    let mut done = 0;
+    let mut since_pause = 0;
+    let read_slowly = async {
+        while done < reads {
+            let p = slow
+                .recv_within(Duration::from_secs(10))
+                .await
+                .expect("an answer, not a closed connection");
+            since_pause += 48 + p.data.len();
+            if since_pause >= 16 * 1024 {
+                since_pause = 0;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if p.opcode() == 0x25 && p.bhs[1] & 0x01 != 0 {
+                assert_eq!(p.bhs[3], 0, "GOOD");
+                done += 1;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), read_slowly)
+        .await
+        .expect("the slow reader got every answer");
+    slow.nop().await;
+}

@@ -72,6 +72,9 @@ pub struct IscsiConfig {
     /// are accepted. Each may hold a session's budgets (see [`session`]), so this bounds the
     /// target's memory with them.
     pub max_connections: usize,
+    /// A connection whose queued responses make no progress at all (not one byte taken by
+    /// the initiator) for this long is closed, so what it holds comes back.
+    pub response_timeout: Duration,
 }
 
 impl IscsiConfig {
@@ -83,6 +86,9 @@ impl IscsiConfig {
             // A volume has one initiator (plus a short-lived discovery session now and then):
             // 16 leaves room for multipath and reconnects racing the old session's end.
             max_connections: 16,
+            // Long enough for an initiator paused for a while, short enough that one that
+            // never reads gives back its budgets and its connection slot.
+            response_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -108,6 +114,7 @@ pub struct Target {
     chap: Option<Chap>,
     next_tsih: AtomicU16,
     max_connections: usize,
+    response_timeout: Duration,
 }
 
 impl Target {
@@ -154,6 +161,7 @@ impl IscsiServer {
                 chap: cfg.chap,
                 next_tsih: AtomicU16::new(1),
                 max_connections: cfg.max_connections,
+                response_timeout: cfg.response_timeout,
             }),
         })
     }

@@ -37,9 +37,10 @@
 //! So read data waiting for a client that does not read its replies counts against that
 //! connection only: it stops that connection's reading, and nobody else's. Two or three
 //! clients that pipeline 1 MiB reads and never read an answer hold their own budgets and
-//! leave the export's budget to the clients that read. A connection whose queued replies make
-//! no progress at all for [`super::NbdConfig::reply_timeout`] is dropped (with a log line), so
-//! what it holds comes back; a reader that is merely slow keeps its connection. A request
+//! leave the export's budget to the clients that read. A connection whose client takes not
+//! one byte of its queued replies for [`super::NbdConfig::reply_timeout`] is dropped (with a
+//! log line), so what it holds comes back; a reader that is merely slow keeps its connection
+//! (the kernel's count of unacknowledged bytes tells them apart, see [`StallWatch`]). A request
 //! larger than a budget takes the whole budget. While the budget is short the connection
 //! stops reading from the socket, so the input buffer is bounded as well.
 //!
@@ -65,11 +66,11 @@ use futures::{FutureExt, StreamExt};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, watch};
-use tokio::time::Instant;
 
 use super::NbdError;
 use super::wire::*;
 use crate::blockdev::{BlockDevice, BlockError};
+use crate::sockio::StallWatch;
 
 /// Budget granularity: one unit per KiB in flight, plus one per request.
 pub const BUDGET_UNIT: u64 = 1024;
@@ -141,8 +142,7 @@ pub async fn serve_connection(
         front_units: None,
         reading: true,
         socket_ok: true,
-        reply_timeout: limits.reply_timeout,
-        waiting_since: None,
+        stall: StallWatch::new(limits.reply_timeout),
     };
     let result = c.run(shutdown).await;
     c.finish().await;
@@ -202,11 +202,8 @@ struct Conn<'d> {
     reading: bool,
     /// False once a write to the socket failed: replies are dropped from then on.
     socket_ok: bool,
-    reply_timeout: Duration,
-    /// Since when queued replies have waited for the socket without a byte written; None
-    /// after any progress (the clock is read only when the loop goes to wait with replies
-    /// queued, so the hot path does not pay for it).
-    waiting_since: Option<Instant>,
+    /// Whether queued replies wait for a client that reads nothing.
+    stall: StallWatch,
 }
 
 /// What parsing the input buffer found.
@@ -228,7 +225,7 @@ impl<'d> Conn<'d> {
         let mut waiting_shared: Option<u32> = None;
         let sem = self.shared.sem.clone();
         // Armed only while replies wait for the socket; reset, not recreated, as they move.
-        let stall = tokio::time::sleep(self.reply_timeout);
+        let stall = tokio::time::sleep(self.stall.timeout());
         tokio::pin!(stall);
         loop {
             let mut stalled = false;
@@ -267,8 +264,7 @@ impl<'d> Conn<'d> {
             let interest = crate::sockio::interest(want_read, want_write);
             let shared_want = waiting_shared.unwrap_or(0);
             if want_write {
-                let deadline =
-                    *self.waiting_since.get_or_insert_with(Instant::now) + self.reply_timeout;
+                let deadline = self.stall.deadline(&self.stream);
                 if stall.deadline() != deadline {
                     stall.as_mut().reset(deadline);
                 }
@@ -318,15 +314,16 @@ impl<'d> Conn<'d> {
                     waiting_shared = None;
                 }
                 () = &mut stall, if want_write => {
-                    // The deadline only moves later, so reaching it means no progress since.
-                    tracing::warn!(
-                        unread_bytes = self.out.len(),
-                        timeout = ?self.reply_timeout,
-                        "client left its replies unread past the reply timeout: dropping the connection"
-                    );
-                    self.drop_replies();
-                    waiting_shared = None;
-                    result = Err(NbdError::ReplyTimeout(self.reply_timeout));
+                    if self.stall.expired(&self.stream) {
+                        tracing::warn!(
+                            unread_bytes = self.out.len(),
+                            timeout = ?self.stall.timeout(),
+                            "client left its replies unread past the reply timeout: dropping the connection"
+                        );
+                        self.drop_replies();
+                        waiting_shared = None;
+                        result = Err(NbdError::ReplyTimeout(self.stall.timeout()));
+                    }
                 }
             }
             if !self.socket_ok && result.is_ok() {
@@ -610,7 +607,7 @@ impl<'d> Conn<'d> {
             match written {
                 Ok(n) => {
                     if n > 0 {
-                        self.waiting_since = None;
+                        self.stall.progressed();
                     }
                     let units = self.out.advance(n);
                     self.release(units);

@@ -117,7 +117,8 @@ impl Client {
         }
         let len = (usize::from(b[5]) << 16) | (usize::from(b[6]) << 8) | usize::from(b[7]);
         let mut data = vec![0u8; len.div_ceil(4) * 4];
-        self.s.read_exact(&mut data).await.expect("data segment");
+        // A connection closed in the middle of a PDU counts as closed too.
+        self.s.read_exact(&mut data).await.ok()?;
         data.truncate(len);
         Some(Pdu { bhs: b, data })
     }

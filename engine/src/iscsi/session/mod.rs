@@ -88,7 +88,11 @@
 //!   the memory it costs is bounded by OUT_BUDGET plus one command. Running commands
 //!   always complete on their own, so this wait cannot deadlock. Pending writes waiting for
 //!   Data-Out are not charged here (they have WRITE_BUDGET), or waiting could starve their
-//!   own data.
+//!   own data. A connection whose initiator takes not one byte of its queued responses for
+//!   [`super::IscsiConfig::response_timeout`] is closed, with a log line, so an initiator
+//!   that never reads cannot keep its budgets and its connection slot for good; one that
+//!   reads slowly keeps its connection (the kernel's count of unacknowledged bytes tells
+//!   them apart).
 
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -111,6 +115,7 @@ use super::pdu::{
 use super::scsi::{self, MAX_DATA_OUT, Reply};
 use super::sense::{Sense, status};
 use super::text::{self, TextExchange, TextStep, take_ttt};
+use crate::sockio::StallWatch;
 use response::execute;
 use tmf::PendingTmf;
 
@@ -257,6 +262,8 @@ struct Session<'t> {
     reading: bool,
     /// False once a write to the socket failed: responses are dropped from then on.
     socket_ok: bool,
+    /// Whether queued responses wait for an initiator that reads nothing.
+    stall: StallWatch,
 }
 
 /// Serves the full feature phase of one connection until it ends. `input` holds whatever
@@ -299,6 +306,7 @@ pub async fn run(
         running_cost: 0,
         reading: true,
         socket_ok: true,
+        stall: StallWatch::new(target.response_timeout),
     };
     s.serve(&mut shutdown).await;
     if s.socket_ok {
@@ -308,6 +316,9 @@ pub async fn run(
 
 impl<'t> Session<'t> {
     async fn serve(&mut self, shutdown: &mut watch::Receiver<bool>) {
+        // Armed only while responses wait for the socket; reset, not recreated, as they move.
+        let stall = tokio::time::sleep(self.stall.timeout());
+        tokio::pin!(stall);
         loop {
             self.parse_input();
             self.write_out();
@@ -324,6 +335,12 @@ impl<'t> Session<'t> {
             let want_read = self.reading && self.has_room();
             let want_write = self.socket_ok && !self.out.is_empty();
             let interest = crate::sockio::interest(want_read, want_write);
+            if want_write {
+                let deadline = self.stall.deadline(&self.stream);
+                if stall.deadline() != deadline {
+                    stall.as_mut().reset(deadline);
+                }
+            }
             tokio::select! {
                 Some(done) = self.running.next(), if !self.running.is_empty() => {
                     self.complete(done);
@@ -350,6 +367,18 @@ impl<'t> Session<'t> {
                 _ = shutdown.wait_for(|stop| *stop), if self.reading => {
                     debug!(initiator = %self.initiator, "target shutting down: closing connection");
                     self.stop_reading();
+                }
+                () = &mut stall, if want_write => {
+                    if self.stall.expired(&self.stream) {
+                        warn!(
+                            initiator = %self.initiator,
+                            unread_bytes = self.out.pending(),
+                            timeout = ?self.stall.timeout(),
+                            "initiator left its responses unread past the response timeout: \
+                             closing the connection"
+                        );
+                        self.socket_failed();
+                    }
                 }
             }
         }
@@ -464,7 +493,10 @@ impl<'t> Session<'t> {
                     debug!(initiator = %self.initiator, "initiator stopped accepting data");
                     self.socket_failed();
                 }
-                Ok(n) => self.out.advance(n),
+                Ok(n) => {
+                    self.stall.progressed();
+                    self.out.advance(n);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) => {
                     debug!(initiator = %self.initiator, error = %e, "writing to initiator failed");
