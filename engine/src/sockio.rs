@@ -114,6 +114,12 @@ impl StallWatch {
         self.timeout
     }
 
+    /// Caps the timeout (the server is shutting down: a client that reads nothing must not
+    /// hold the shutdown up for the whole timeout).
+    pub(crate) fn shorten(&mut self, limit: Duration) {
+        self.timeout = self.timeout.min(limit);
+    }
+
     /// Bytes were written: whatever wait there was is over.
     pub(crate) fn progressed(&mut self) {
         self.since = None;
@@ -142,6 +148,10 @@ impl StallWatch {
         }
     }
 }
+
+/// How long a connection may still take to hand its last answers to its client once the
+/// server shuts down, when that client reads nothing at all.
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {

@@ -276,3 +276,15 @@ async fn connections_over_the_limit_are_refused_and_a_closed_one_frees_its_slot(
     drop(a);
     stop(stop_tx, task).await;
 }
+
+/// The engine waits for its NBD server to stop before its final flush: a client that reads
+/// nothing must not hold that up for the whole reply timeout (60 s by default), only for a
+/// short grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_wait_the_reply_timeout_for_a_client_that_reads_nothing() {
+    let server = TestServer::start(filled_device().await).await;
+    let _stuck = greedy(server.addr, 1, 64).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // TestServer::stop requires the server to stop within 10 s.
+    server.stop().await;
+}

@@ -326,8 +326,8 @@ where
                 ));
             }
             if let Some((rest, go, answer_nsg)) = unsent.take() {
-                // RFC 7143 §11.12.2: the initiator asks for the next piece with an empty
-                // request in the same stage.
+                // The initiator asks for the next piece with an empty request in the same
+                // stage (RFC 7143 §6.2, text mode negotiation).
                 if !pdu.data.is_empty() || cont || stage.is_some_and(|s| s != csg) {
                     return Err(fail(
                         status::INITIATOR_ERROR,
@@ -440,7 +440,7 @@ where
                 let seg = LOGIN_SEGMENT.min(params.initiator_mrdsl as usize);
                 let out = next_piece(&mut text, seg);
                 if !text.is_empty() {
-                    // C set, T clear (RFC 7143 §11.13.3); NSG is reserved without T.
+                    // C set, T clear (RFC 7143 §11.13, Login Response); NSG is reserved without T.
                     resp.0[1] = (csg << 2) | 0x40;
                     resp.set_data_len(out.len());
                     write_pdu(w, &resp, &out, false, false).await?;

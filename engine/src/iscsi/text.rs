@@ -1,5 +1,6 @@
-//! Text that does not fit one PDU (RFC 7143 §6.1, §11.10-11.13): our answers split with the
-//! C (continue) bit, and requests the initiator continues gathered before they are answered.
+//! Text that does not fit one PDU: our answers split with the C (continue) bit, and requests
+//! the initiator continues gathered before they are answered (RFC 7143 §6.1-6.2, text format
+//! and negotiation; §11.10-11.13, the Text and Login PDUs).
 //!
 //! A receiver bounds the data segments it accepts (its MaxRecvDataSegmentLength; 8,192 bytes
 //! during login). An answer to many keys — an initiator may send thousands, each answered
@@ -29,8 +30,9 @@ use super::pdu::{RESERVED_TAG, reject};
 /// 4 KiB; without a bound a peer could grow it without limit.
 pub const MAX_TEXT: usize = 64 * 1024;
 
-/// The largest data segment of any login PDU, whatever the initiator declared (RFC 7143
-/// §13.12: the default MaxRecvDataSegmentLength, which holds until login ends).
+/// The largest data segment of a login PDU we send: the 8,192 bytes RFC 7143 lets a login
+/// PDU carry (§13.12, MaxRecvDataSegmentLength), whatever larger value the initiator
+/// declared; one that declares less gets less.
 pub const LOGIN_SEGMENT: usize = 8192;
 
 /// Cuts the next piece of at most `max` bytes off the front of `text`: up to the last key

@@ -50,9 +50,11 @@
 //!
 //! The connection ends on NBD_CMD_DISC, EOF, a framing error (bad magic, a WRITE payload
 //! over the limit: the byte stream can no longer be trusted), a write error on the socket,
-//! replies left unread past the reply timeout, or server shutdown. In every case reading stops, requests already started finish and
-//! their replies are sent if the socket still works, and then the socket closes. Errors on
-//! one connection never touch another.
+//! replies left unread past the reply timeout, or server shutdown. In every case reading
+//! stops, requests already started finish and their replies are sent if the socket still
+//! works, and then the socket closes; after a shutdown a client that reads nothing at all is
+//! given [`SHUTDOWN_GRACE`] instead of the whole reply timeout, so it cannot hold the
+//! engine's shutdown up. Errors on one connection never touch another.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -70,7 +72,7 @@ use tokio::sync::{Semaphore, watch};
 use super::NbdError;
 use super::wire::*;
 use crate::blockdev::{BlockDevice, BlockError};
-use crate::sockio::StallWatch;
+use crate::sockio::{SHUTDOWN_GRACE, StallWatch};
 
 /// Budget granularity: one unit per KiB in flight, plus one per request.
 pub const BUDGET_UNIT: u64 = 1024;
@@ -312,6 +314,7 @@ impl<'d> Conn<'d> {
                     tracing::debug!("server shutting down: closing connection");
                     self.reading = false;
                     waiting_shared = None;
+                    self.stall.shorten(SHUTDOWN_GRACE);
                 }
                 () = &mut stall, if want_write => {
                     if self.stall.expired(&self.stream) {

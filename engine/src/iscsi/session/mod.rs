@@ -48,7 +48,7 @@
 //! and in_flight together, a completion lowers in_flight, so MaxCmdSN never decreases.
 //! Commands outside the window are dropped without a response.
 //!
-//! Immediate commands take no CmdSN and so are outside the window: RFC 7143 §3.2.2.1 asks a
+//! Immediate commands take no CmdSN and so are outside the window: RFC 7143 ("Command Numbering and Acknowledging") asks a
 //! target to handle at least one at a time. This one holds up to [`IMMEDIATE_DEPTH`]
 //! immediate SCSI commands (waiting for Data-Out or running); one more is answered TASK SET
 //! FULL at once, holding nothing. TASK SET FULL rather than a Reject (reason 0x06, "too many
@@ -115,7 +115,7 @@ use super::pdu::{
 use super::scsi::{self, MAX_DATA_OUT, Reply};
 use super::sense::{Sense, status};
 use super::text::{self, TextExchange, TextStep, take_ttt};
-use crate::sockio::StallWatch;
+use crate::sockio::{SHUTDOWN_GRACE, StallWatch};
 use response::execute;
 use tmf::PendingTmf;
 
@@ -367,6 +367,7 @@ impl<'t> Session<'t> {
                 _ = shutdown.wait_for(|stop| *stop), if self.reading => {
                     debug!(initiator = %self.initiator, "target shutting down: closing connection");
                     self.stop_reading();
+                    self.stall.shorten(SHUTDOWN_GRACE);
                 }
                 () = &mut stall, if want_write => {
                     if self.stall.expired(&self.stream) {
