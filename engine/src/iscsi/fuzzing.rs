@@ -319,12 +319,16 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
         #[test]
-        fn text_exchange_never_breaks_its_invariants(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+        fn text_exchange_never_breaks_its_invariants(
+            data in proptest::collection::vec(any::<u8>(), 0..600)
+        ) {
             text_exchange(&data);
         }
 
         #[test]
-        fn login_exchange_never_breaks_its_invariants(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+        fn login_exchange_never_breaks_its_invariants(
+            data in proptest::collection::vec(any::<u8>(), 0..600)
+        ) {
             login_exchange(&data);
         }
     }

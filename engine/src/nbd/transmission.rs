@@ -40,7 +40,7 @@
 //! leave the export's budget to the clients that read. A connection whose client takes not
 //! one byte of its queued replies for [`super::NbdConfig::reply_timeout`] is dropped (with a
 //! log line), so what it holds comes back; a reader that is merely slow keeps its connection
-//! (the kernel's count of unacknowledged bytes tells them apart, see [`StallWatch`]). A request
+//! (the kernel's count of unacknowledged bytes tells them apart, see `sockio::StallWatch`). A request
 //! larger than a budget takes the whole budget. While the budget is short the connection
 //! stops reading from the socket, so the input buffer is bounded as well.
 //!
@@ -53,7 +53,7 @@
 //! replies left unread past the reply timeout, or server shutdown. In every case reading
 //! stops, requests already started finish and their replies are sent if the socket still
 //! works, and then the socket closes; after a shutdown a client that reads nothing at all is
-//! given [`SHUTDOWN_GRACE`] instead of the whole reply timeout, so it cannot hold the
+//! given a short grace (5 s) instead of the whole reply timeout, so it cannot hold the
 //! engine's shutdown up. Errors on one connection never touch another.
 
 use std::collections::VecDeque;
@@ -321,7 +321,8 @@ impl<'d> Conn<'d> {
                         tracing::warn!(
                             unread_bytes = self.out.len(),
                             timeout = ?self.stall.timeout(),
-                            "client left its replies unread past the reply timeout: dropping the connection"
+                            "client left its replies unread past the reply timeout: \
+                             dropping the connection"
                         );
                         self.drop_replies();
                         waiting_shared = None;

@@ -48,8 +48,9 @@
 //! and in_flight together, a completion lowers in_flight, so MaxCmdSN never decreases.
 //! Commands outside the window are dropped without a response.
 //!
-//! Immediate commands take no CmdSN and so are outside the window: RFC 7143 ("Command Numbering and Acknowledging") asks a
-//! target to handle at least one at a time. This one holds up to [`IMMEDIATE_DEPTH`]
+//! Immediate commands take no CmdSN and so are outside the window: RFC 7143 (Command
+//! Numbering and Acknowledging) asks a target to handle at least one immediate command per
+//! connection at a time. This one holds up to [`IMMEDIATE_DEPTH`]
 //! immediate SCSI commands (waiting for Data-Out or running); one more is answered TASK SET
 //! FULL at once, holding nothing. TASK SET FULL rather than a Reject (reason 0x06, "too many
 //! immediate commands"): it is the SCSI layer's own "no resources now, retry later", which
@@ -138,8 +139,8 @@ pub const OUT_BUDGET: u64 = 16 << 20;
 pub const CMD_COST: u64 = 1024;
 
 /// Immediate SCSI commands one connection holds at once (waiting for Data-Out or running);
-/// more get TASK SET FULL. Real initiators send none (Linux and libiscsi mark only task
-/// management and NOP-Out immediate), so this only has to be above the RFC's one.
+/// more get TASK SET FULL. Real initiators do not send SCSI commands immediate (Linux marks
+/// only task management and NOP-Out so), so this only has to be above the RFC's one.
 pub const IMMEDIATE_DEPTH: u32 = 32;
 
 /// Task management requests one connection may have waiting for aborted commands to finish;
