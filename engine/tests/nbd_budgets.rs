@@ -7,13 +7,15 @@ mod nbd_common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use nbd_common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
-use zebu_engine::blockdev::{BlockDevice, MemDevice};
+use tokio::sync::{oneshot, watch};
+use zebu_engine::blockdev::{BlockDevice, BlockError, BoxFuture, MemDevice};
 use zebu_engine::nbd::wire::*;
 use zebu_engine::nbd::{NbdConfig, NbdServer};
 
@@ -287,4 +289,84 @@ async fn shutdown_does_not_wait_the_reply_timeout_for_a_client_that_reads_nothin
     tokio::time::sleep(Duration::from_secs(1)).await;
     // TestServer::stop requires the server to stop within 10 s.
     server.stop().await;
+}
+
+/// Holds every write until the gate opens, and counts the writes it holds.
+struct GatedWrites {
+    inner: MemDevice,
+    gate: watch::Receiver<bool>,
+    held: AtomicU64,
+}
+
+impl BlockDevice for GatedWrites {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<Bytes, BlockError>> {
+        self.inner.read(offset, len)
+    }
+    fn write(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(async move {
+            self.held.fetch_add(1, Ordering::SeqCst);
+            let mut gate = self.gate.clone();
+            let _ = gate.wait_for(|open| *open).await;
+            self.held.fetch_sub(1, Ordering::SeqCst);
+            self.inner.write(offset, data).await
+        })
+    }
+    fn unmap(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<(), BlockError>> {
+        self.inner.unmap(offset, len)
+    }
+    fn flush(&self) -> BoxFuture<'_, Result<(), BlockError>> {
+        self.inner.flush()
+    }
+}
+
+/// A WRITE_ZEROES with NO_HOLE carries no payload but makes the device write real zeros,
+/// one 1 MiB chunk at a time: it must cost its budgets that chunk, or a client could keep
+/// thousands of them running from 28-byte requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zeroing_requests_cost_the_zeros_they_have_in_flight() {
+    let (open, gate) = watch::channel(false);
+    let dev = Arc::new(GatedWrites {
+        inner: MemDevice::new(SIZE),
+        gate,
+        held: AtomicU64::new(0),
+    });
+    let (addr, stop_tx, task) = server(dev.clone(), |_| {}).await;
+    let (mut c, _, _) = RawClient::connect(addr).await;
+    let n = 100u64;
+    let mut reqs = Vec::new();
+    for i in 0..n {
+        let mut r = request(
+            CMD_WRITE_ZEROES,
+            10 + i,
+            (i % 16) * 4 * u64::from(MIB),
+            4 * MIB,
+        );
+        r[4..6].copy_from_slice(&CMD_FLAG_NO_HOLE.to_be_bytes());
+        reqs.extend(r);
+    }
+    c.s.write_all(&reqs).await.expect("send");
+    let mut held = u64::MAX;
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = dev.held.load(Ordering::SeqCst);
+        if now == held {
+            break;
+        }
+        held = now;
+    }
+    // 16 MiB per connection, 1 MiB (plus a unit) per request: at most 15 at once.
+    assert!(
+        held > 0 && held <= 16,
+        "{held} zeroing requests write at once"
+    );
+    open.send(true).expect("gate");
+    for _ in 0..n {
+        let (_, error) = c.read_reply().await;
+        assert_eq!(error, 0);
+    }
+    drop(c);
+    stop(stop_tx, task).await;
 }
