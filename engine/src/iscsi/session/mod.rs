@@ -48,27 +48,52 @@
 //! and in_flight together, a completion lowers in_flight, so MaxCmdSN never decreases.
 //! Commands outside the window are dropped without a response.
 //!
+//! Immediate commands take no CmdSN and so are outside the window: RFC 7143 (Command
+//! Numbering and Acknowledging) asks a target to handle at least one immediate command per
+//! connection at a time. This one holds up to [`IMMEDIATE_DEPTH`]
+//! immediate SCSI commands (waiting for Data-Out or running); one more is answered TASK SET
+//! FULL at once, holding nothing. TASK SET FULL rather than a Reject (reason 0x06, "too many
+//! immediate commands"): it is the SCSI layer's own "no resources now, retry later", which
+//! every initiator's SCSI midlayer retries, and it is what the write budget answers too;
+//! closing the connection would punish the other commands on it. Task management requests
+//! waiting for aborted commands to finish are bounded likewise ([`MAX_PENDING_TMFS`]; more are
+//! answered "function rejected").
+//!
+//! Files: this one has the connection loop, the CmdSN window, the budgets and the command
+//! intake (SCSI commands, Data-Out and R2T, NOP, Text, Logout); `response.rs` builds the
+//! answers to commands (Data-In, SCSI Response, residuals) and `tmf.rs` handles task
+//! management.
+//!
 //! Task management: a command's completion and an abort are both handled by this task, so
 //! an abort finds the command either still running (it is marked aborted and will complete
 //! silently) or already answered (its response is ahead of the TMF response on the wire).
 //! The TMF response waits until every aborted command has finished its device I/O, so
 //! nothing it does can land after the initiator reuses the blocks.
 //!
-//! Budgets (what one initiator can make us hold):
+//! Budgets (what one initiator can make us hold): every command costs its own state
+//! ([`CMD_COST`]) as well as its data, so a flood of commands that carry no data is bounded
+//! like a flood of large ones.
 //! - Write data: a write whose data arrives in Data-Out PDUs gets a buffer of its full
 //!   length before the data is in. Without a bound, QUEUE_DEPTH commands of MAX_DATA_OUT
 //!   each would let one initiator make us allocate 1 GiB and never send the data. Each
-//!   connection has a [`WRITE_BUDGET`] of such buffered bytes; a write that does not fit is
-//!   answered TASK SET FULL at once, which initiators retry later, and the budget is given
-//!   back when the command completes, is aborted, or its connection ends.
-//! - Responses: every started command costs its transfer length plus [`CMD_COST`] until its
-//!   response is queued; queued bytes count until written. While the sum is at or over
+//!   connection has a [`WRITE_BUDGET`] for such writes, each charged its length plus
+//!   CMD_COST; a write that does not fit is answered TASK SET FULL at once, which initiators
+//!   retry later, and the budget is given back when the command completes, is aborted, or
+//!   its connection ends.
+//! - Responses: every started command costs the larger of its expected transfer length and
+//!   what its CDB makes the device read or buffer ([`scsi::buffer_bytes`]: a READ with a
+//!   small EDTL still reads what its CDB asks), plus CMD_COST, until its response is queued;
+//!   queued bytes count until written. While the sum is at or over
 //!   [`OUT_BUDGET`], no further PDU is parsed or read, so an initiator that sends READs and
 //!   does not read the answers stops being read itself (TCP flow control then stops it) and
 //!   the memory it costs is bounded by OUT_BUDGET plus one command. Running commands
 //!   always complete on their own, so this wait cannot deadlock. Pending writes waiting for
 //!   Data-Out are not charged here (they have WRITE_BUDGET), or waiting could starve their
-//!   own data.
+//!   own data. A connection whose initiator takes not one byte of its queued responses for
+//!   [`super::IscsiConfig::response_timeout`] is closed, with a log line, so an initiator
+//!   that never reads cannot keep its budgets and its connection slot for good; one that
+//!   reads slowly keeps its connection (the kernel's count of unacknowledged bytes tells
+//!   them apart).
 
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -84,13 +109,19 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::Target;
-use super::login::{Params, QUEUE_DEPTH, SessionKind, TARGET_MRDSL, parse_keys, push_key};
+use super::login::{Params, QUEUE_DEPTH, SessionKind, TARGET_MRDSL};
 use super::pdu::{
-    BHS_LEN, Bhs, COPY_MAX, Frame, Framing, MAX_IOVECS, OutQueue, PduError, RESERVED_TAG, op,
-    reject,
+    BHS_LEN, Bhs, Frame, Framing, MAX_IOVECS, OutQueue, PduError, RESERVED_TAG, op, reject,
 };
-use super::scsi::{MAX_DATA_OUT, Reply};
+use super::scsi::{self, MAX_DATA_OUT, Reply};
 use super::sense::{Sense, status};
+use super::text::{self, TextExchange, TextStep, take_ttt};
+use crate::sockio::{SHUTDOWN_GRACE, StallWatch};
+use response::execute;
+use tmf::PendingTmf;
+
+mod response;
+mod tmf;
 
 /// Write data one connection may hold in buffers while it waits for Data-Out (bytes).
 /// 64 MiB is 64 commands of 1 MiB, well above what a queue of 1 MiB writes at the depth
@@ -102,9 +133,20 @@ pub const WRITE_BUDGET: usize = 64 << 20;
 /// covers 32 reads of 512 KiB, what the Linux initiator queues by default.
 pub const OUT_BUDGET: u64 = 16 << 20;
 
-/// What a command costs the response budget on top of its transfer length (its response
-/// header, sense data, and the command's own state).
+/// What a command costs a budget on top of its data: its response header and sense data,
+/// and its own state (the command, its entry in the task or pending-write table, its future
+/// while it runs: a few hundred bytes, rounded up).
 pub const CMD_COST: u64 = 1024;
+
+/// Immediate SCSI commands one connection holds at once (waiting for Data-Out or running);
+/// more get TASK SET FULL. Real initiators do not send SCSI commands immediate (Linux marks
+/// only task management and NOP-Out so), so this only has to be above the RFC's one.
+pub const IMMEDIATE_DEPTH: u32 = 32;
+
+/// Task management requests one connection may have waiting for aborted commands to finish;
+/// more are answered "function rejected" at once. An initiator has a handful at most (one
+/// per LUN reset or abort it escalates to).
+pub const MAX_PENDING_TMFS: usize = 16;
 
 /// The input buffer asks the socket for at least this much at a time, so a burst of small
 /// PDUs is parsed from one read.
@@ -136,13 +178,24 @@ pub fn sn_lt(a: u32, b: u32) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct CmdId(u64);
 
+/// What a command holds of the limits on how many commands a connection has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    /// A place in the CmdSN window (a non-immediate command).
+    Window,
+    /// One of the IMMEDIATE_DEPTH immediate commands.
+    Immediate,
+    /// Nothing: the command is answered without running.
+    None,
+}
+
 /// A SCSI command as received.
 struct Cmd {
     itt: u32,
     lun: u64,
     cdb: [u8; 16],
     edtl: u32,
-    holds_slot: bool,
+    slot: Slot,
     /// Bytes of WRITE_BUDGET its buffered data uses, given back when the command ends.
     write_budget: usize,
     /// What it costs OUT_BUDGET while it runs (set when started).
@@ -160,15 +213,6 @@ struct Done {
 struct Task {
     id: CmdId,
     aborted: bool,
-}
-
-/// A task management response waiting for the commands it aborted to finish.
-struct PendingTmf {
-    itt: u32,
-    response: u8,
-    victims: Vec<CmdId>,
-    /// TARGET COLD RESET: the connection ends after the response.
-    close: bool,
 }
 
 /// A write command still collecting Data-Out.
@@ -199,6 +243,10 @@ struct Session<'t> {
     exp_cmd_sn: u32,
     /// Window-holding commands accepted and not yet completed.
     in_flight: u32,
+    /// Immediate SCSI commands accepted and not yet completed.
+    immediate: u32,
+    /// The Text Request exchange in progress, if any.
+    text: Option<TextExchange>,
     writes: HashMap<u32, PendingWrite>,
     next_ttt: u32,
     running: FuturesUnordered<BoxFuture<'t, Done>>,
@@ -215,6 +263,8 @@ struct Session<'t> {
     reading: bool,
     /// False once a write to the socket failed: responses are dropped from then on.
     socket_ok: bool,
+    /// Whether queued responses wait for an initiator that reads nothing.
+    stall: StallWatch,
 }
 
 /// Serves the full feature phase of one connection until it ends. `input` holds whatever
@@ -245,6 +295,8 @@ pub async fn run(
         stat_sn: login.stat_sn,
         exp_cmd_sn: login.exp_cmd_sn,
         in_flight: 0,
+        immediate: 0,
+        text: None,
         writes: HashMap::new(),
         next_ttt: 1,
         running: FuturesUnordered::new(),
@@ -255,6 +307,7 @@ pub async fn run(
         running_cost: 0,
         reading: true,
         socket_ok: true,
+        stall: StallWatch::new(target.response_timeout),
     };
     s.serve(&mut shutdown).await;
     if s.socket_ok {
@@ -264,6 +317,9 @@ pub async fn run(
 
 impl<'t> Session<'t> {
     async fn serve(&mut self, shutdown: &mut watch::Receiver<bool>) {
+        // Armed only while responses wait for the socket; reset, not recreated, as they move.
+        let stall = tokio::time::sleep(self.stall.timeout());
+        tokio::pin!(stall);
         loop {
             self.parse_input();
             self.write_out();
@@ -280,6 +336,12 @@ impl<'t> Session<'t> {
             let want_read = self.reading && self.has_room();
             let want_write = self.socket_ok && !self.out.is_empty();
             let interest = crate::sockio::interest(want_read, want_write);
+            if want_write {
+                let deadline = self.stall.deadline(&self.stream);
+                if stall.deadline() != deadline {
+                    stall.as_mut().reset(deadline);
+                }
+            }
             tokio::select! {
                 Some(done) = self.running.next(), if !self.running.is_empty() => {
                     self.complete(done);
@@ -306,6 +368,19 @@ impl<'t> Session<'t> {
                 _ = shutdown.wait_for(|stop| *stop), if self.reading => {
                     debug!(initiator = %self.initiator, "target shutting down: closing connection");
                     self.stop_reading();
+                    self.stall.shorten(SHUTDOWN_GRACE);
+                }
+                () = &mut stall, if want_write => {
+                    if self.stall.expired(&self.stream) {
+                        warn!(
+                            initiator = %self.initiator,
+                            unread_bytes = self.out.pending(),
+                            timeout = ?self.stall.timeout(),
+                            "initiator left its responses unread past the response timeout: \
+                             closing the connection"
+                        );
+                        self.socket_failed();
+                    }
                 }
             }
         }
@@ -420,7 +495,10 @@ impl<'t> Session<'t> {
                     debug!(initiator = %self.initiator, "initiator stopped accepting data");
                     self.socket_failed();
                 }
-                Ok(n) => self.out.advance(n),
+                Ok(n) => {
+                    self.stall.progressed();
+                    self.out.advance(n);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) => {
                     debug!(initiator = %self.initiator, error = %e, "writing to initiator failed");
@@ -490,11 +568,16 @@ impl<'t> Session<'t> {
         true
     }
 
-    /// Like [`Self::accept_cmd_sn`] for SCSI commands, which also hold a window slot until
-    /// they complete. Returns Some(holds_slot) when accepted.
-    fn accept_scsi(&mut self, bhs: &Bhs) -> Option<bool> {
+    /// Like [`Self::accept_cmd_sn`] for SCSI commands, which also hold a window slot (or one
+    /// of the immediate ones) until they complete. Returns the slot taken when accepted:
+    /// [`Slot::None`] for an immediate command over IMMEDIATE_DEPTH.
+    fn accept_scsi(&mut self, bhs: &Bhs) -> Option<Slot> {
         if bhs.immediate() {
-            return Some(false);
+            if self.immediate >= IMMEDIATE_DEPTH {
+                return Some(Slot::None);
+            }
+            self.immediate += 1;
+            return Some(Slot::Immediate);
         }
         let sn = bhs.cmd_sn();
         if sn != self.exp_cmd_sn || sn_lt(self.max_cmd_sn(), sn) {
@@ -502,13 +585,15 @@ impl<'t> Session<'t> {
         }
         self.exp_cmd_sn = self.exp_cmd_sn.wrapping_add(1);
         self.in_flight += 1;
-        Some(true)
+        Some(Slot::Window)
     }
 
-    /// Gives back the window slot and write budget of a command that ends.
+    /// Gives back the slot and write budget of a command that ends.
     fn release(&mut self, cmd: &Cmd) {
-        if cmd.holds_slot {
-            self.in_flight -= 1;
+        match cmd.slot {
+            Slot::Window => self.in_flight -= 1,
+            Slot::Immediate => self.immediate -= 1,
+            Slot::None => {}
         }
         self.write_buffered -= cmd.write_budget;
     }
@@ -556,24 +641,34 @@ impl<'t> Session<'t> {
         if !self.accept_cmd_sn(&bhs) {
             return;
         }
-        let mut out = Vec::new();
-        for (k, v) in parse_keys(&data) {
-            if k == "SendTargets" {
-                let iqn = &self.target.iqn;
-                if v == "All" || v == *iqn || (v.is_empty() && self.kind == SessionKind::Normal) {
-                    push_key(&mut out, "TargetName", iqn);
-                    push_key(&mut out, "TargetAddress", &format!("{},1", self.portal));
-                }
-            } else {
-                push_key(&mut out, &k, "NotUnderstood");
+        let (iqn, portal, kind) = (&self.target.iqn, &self.portal, self.kind);
+        let step = text::step(
+            &mut self.text,
+            (bhs.itt(), bhs.u32_at(20), bhs.flags() & 0x40 != 0),
+            &data,
+            self.params.initiator_mrdsl as usize,
+            &mut self.next_ttt,
+            |request| text::answer(request, iqn, portal, kind),
+        );
+        match step {
+            TextStep::Respond {
+                data,
+                final_bit,
+                cont,
+                ttt,
+            } => {
+                let mut b = Bhs::new(op::TEXT_RESP);
+                b.0[1] = if final_bit { 0x80 } else { 0 } | if cont { 0x40 } else { 0 };
+                b.set_itt(bhs.itt());
+                b.set_u32(20, ttt);
+                b.set_data_len(data.len());
+                self.send(b, &data, Sn::Advance);
+            }
+            TextStep::Reject(reason) => {
+                debug!(initiator = %self.initiator, reason, "Text Request rejected");
+                self.reject(&bhs, reason);
             }
         }
-        let mut b = Bhs::new(op::TEXT_RESP);
-        b.0[1] = 0x80;
-        b.set_itt(bhs.itt());
-        b.set_u32(20, RESERVED_TAG);
-        b.set_data_len(out.len());
-        self.send(b, &Bytes::from(out), Sn::Advance);
     }
 
     fn logout(&mut self, bhs: Bhs) {
@@ -586,7 +681,7 @@ impl<'t> Session<'t> {
     }
 
     fn scsi_cmd(&mut self, bhs: Bhs, data: Bytes) {
-        let Some(holds_slot) = self.accept_scsi(&bhs) else {
+        let Some(slot) = self.accept_scsi(&bhs) else {
             debug!(
                 cmd_sn = bhs.cmd_sn(),
                 "SCSI command outside the CmdSN window ignored"
@@ -602,7 +697,7 @@ impl<'t> Session<'t> {
             lun: bhs.lun(),
             cdb,
             edtl: bhs.u32_at(20),
-            holds_slot,
+            slot,
             write_budget: 0,
             cost: 0,
             id: CmdId(0),
@@ -611,6 +706,15 @@ impl<'t> Session<'t> {
             self.release(&cmd);
             self.reject(&bhs, reject::INVALID_FIELD);
             return;
+        }
+        if slot == Slot::None {
+            debug!(
+                initiator = %self.initiator,
+                itt = cmd.itt,
+                "immediate commands at their limit; TASK SET FULL"
+            );
+            // Any unsolicited Data-Out for it finds no pending write and is dropped.
+            return self.answer(cmd, Reply::status_only(status::TASK_SET_FULL));
         }
         if bhs.ahs_len() > 0 {
             // Extended CDBs (> 16 bytes) are not supported.
@@ -639,7 +743,10 @@ impl<'t> Session<'t> {
             p.first_burst.min(cmd.edtl)
         };
         let edtl = cmd.edtl as usize;
-        if self.write_buffered + edtl > WRITE_BUDGET {
+        // The command's own state counts too, or writes that carry no data (EDTL 1) would
+        // cost next to nothing each and grow the tables without end.
+        let charge = edtl + CMD_COST as usize;
+        if self.write_buffered + charge > WRITE_BUDGET {
             debug!(
                 itt = cmd.itt,
                 edtl = cmd.edtl,
@@ -648,9 +755,9 @@ impl<'t> Session<'t> {
             // Its unsolicited Data-Out finds no pending write and is dropped.
             return self.answer(cmd, Reply::status_only(status::TASK_SET_FULL));
         }
-        self.write_buffered += edtl;
+        self.write_buffered += charge;
         let mut cmd = cmd;
-        cmd.write_budget = edtl;
+        cmd.write_budget = charge;
         let mut buf = BytesMut::with_capacity(edtl);
         buf.extend_from_slice(&data);
         let mut w = PendingWrite {
@@ -676,11 +783,7 @@ impl<'t> Session<'t> {
         let (max_r2t, max_burst) = (self.params.max_outstanding_r2t, self.params.max_burst);
         while w.outstanding_r2t < max_r2t && w.requested < w.cmd.edtl {
             let len = (w.cmd.edtl - w.requested).min(max_burst);
-            let ttt = self.next_ttt;
-            self.next_ttt = self.next_ttt.wrapping_add(1);
-            if self.next_ttt == RESERVED_TAG {
-                self.next_ttt = 1;
-            }
+            let ttt = take_ttt(&mut self.next_ttt);
             let mut b = Bhs::new(op::R2T);
             b.0[1] = 0x80;
             b.set_lun(w.cmd.lun);
@@ -749,7 +852,7 @@ impl<'t> Session<'t> {
     fn start(&mut self, mut cmd: Cmd, data: Bytes) {
         cmd.id = CmdId(self.next_id);
         self.next_id += 1;
-        cmd.cost = u64::from(cmd.edtl) + CMD_COST;
+        cmd.cost = u64::from(cmd.edtl).max(scsi::buffer_bytes(&cmd.cdb)) + CMD_COST;
         self.running_cost += cmd.cost;
         self.tasks.insert(
             cmd.itt,
@@ -788,193 +891,6 @@ impl<'t> Session<'t> {
             self.answer_tmfs();
         }
     }
-
-    /// Removes a write still waiting for Data-Out; true if there was one.
-    fn drop_pending_write(&mut self, itt: u32) -> bool {
-        match self.writes.remove(&itt) {
-            Some(w) => {
-                self.release(&w.cmd);
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn task_mgmt(&mut self, bhs: Bhs) {
-        if !self.accept_cmd_sn(&bhs) {
-            return;
-        }
-        let function = bhs.flags() & 0x7f;
-        let rtt = bhs.u32_at(20);
-        let ref_cmd_sn = bhs.u32_at(32);
-        let lun_ok = bhs.lun() == LUN1;
-        let mut victims = Vec::new();
-        let response: u8 = match function {
-            1 => {
-                let pending = self.drop_pending_write(rtt);
-                if let Some(t) = self.tasks.get_mut(&rtt) {
-                    t.aborted = true;
-                    victims.push(t.id);
-                    0
-                } else if pending {
-                    0
-                } else {
-                    // With one connection per session every earlier command has arrived, so
-                    // a task we do not know has already completed.
-                    debug!(ref_cmd_sn, "ABORT TASK for an unknown task");
-                    1
-                }
-            }
-            2 | 4 | 5 if !lun_ok => 2,
-            2 | 4 | 5 | 6 | 7 => {
-                let itts: Vec<u32> = self.writes.keys().copied().collect();
-                for itt in itts {
-                    self.drop_pending_write(itt);
-                }
-                for t in self.tasks.values_mut() {
-                    t.aborted = true;
-                    victims.push(t.id);
-                }
-                0
-            }
-            8 => 4,
-            _ => 5,
-        };
-        info!(
-            function,
-            rtt,
-            response,
-            aborted = victims.len(),
-            "task management"
-        );
-        self.tmfs.push(PendingTmf {
-            itt: bhs.itt(),
-            response,
-            victims,
-            close: function == 7,
-        });
-        self.answer_tmfs();
-    }
-
-    /// Sends the response of every task management request whose aborted commands have all
-    /// finished.
-    fn answer_tmfs(&mut self) {
-        let mut i = 0;
-        while i < self.tmfs.len() {
-            if !self.tmfs[i].victims.is_empty() {
-                i += 1;
-                continue;
-            }
-            let t = self.tmfs.remove(i);
-            let mut b = Bhs::new(op::TASK_MGMT_RESP);
-            b.0[1] = 0x80;
-            b.0[2] = t.response;
-            b.set_itt(t.itt);
-            self.send_copy(b, &[], Sn::Advance);
-            if t.close {
-                self.stop_reading();
-            }
-        }
-    }
-
-    /// Queues Data-In (status in the last PDU when the command succeeded) and/or a SCSI
-    /// Response.
-    fn respond(&mut self, cmd: &Cmd, reply: Reply) {
-        let edtl = u64::from(cmd.edtl);
-        let (res_flags, res_count) = residual(reply.transfer_len, edtl);
-        let data = &reply.data[..reply.data.len().min(cmd.edtl as usize)];
-        let mut data_sn = 0u32;
-        if !data.is_empty() {
-            let seg = self.params.initiator_mrdsl as usize;
-            let burst = self.params.max_burst as usize;
-            let with_status = reply.status == status::GOOD;
-            let mut off = 0usize;
-            while off < data.len() {
-                let n = seg.min(data.len() - off).min(burst - off % burst);
-                let last = off + n == data.len();
-                let mut b = Bhs::new(op::DATA_IN);
-                let mut flags = 0u8;
-                if last || (off + n).is_multiple_of(burst) {
-                    flags |= 0x80;
-                }
-                let sn = if last && with_status {
-                    flags |= 0x01 | res_flags;
-                    b.0[3] = reply.status;
-                    b.set_u32(44, res_count);
-                    Sn::Advance
-                } else {
-                    Sn::Reserved
-                };
-                b.0[1] = flags;
-                b.set_itt(cmd.itt);
-                b.set_u32(20, RESERVED_TAG);
-                b.set_u32(36, data_sn);
-                b.set_u32(40, off as u32);
-                b.set_data_len(n);
-                if n <= COPY_MAX {
-                    self.send_copy(b, &data[off..off + n], sn);
-                } else {
-                    self.send(b, &reply.data.slice(off..off + n), sn);
-                }
-                data_sn += 1;
-                off += n;
-            }
-            if with_status {
-                return;
-            }
-        }
-        let mut b = Bhs::new(op::SCSI_RESP);
-        b.0[1] = 0x80 | res_flags;
-        b.0[3] = reply.status;
-        b.set_itt(cmd.itt);
-        b.set_u32(36, data_sn);
-        b.set_u32(44, res_count);
-        match reply.sense {
-            Some(s) => {
-                // Sense data is preceded by its length (RFC 7143 §11.4.7.2).
-                let sense = s.fixed();
-                let mut payload = [0u8; 2 + 18];
-                payload[..2].copy_from_slice(&(sense.len() as u16).to_be_bytes());
-                payload[2..].copy_from_slice(&sense);
-                b.set_data_len(payload.len());
-                self.send_copy(b, &payload, Sn::Advance);
-            }
-            None => self.send_copy(b, &[], Sn::Advance),
-        }
-    }
-}
-
-async fn execute(target: &Target, cmd: &Cmd, data: Bytes) -> Reply {
-    let lun = &target.lun;
-    if cmd.lun == LUN1 {
-        return lun.execute(&cmd.cdb, data).await;
-    }
-    match cmd.cdb[0] {
-        // REPORT LUNS and REQUEST SENSE work on any LUN; INQUIRY reports "no LU here".
-        0xa0 | 0x03 => lun.execute(&cmd.cdb, data).await,
-        0x12 => {
-            let mut r = lun.execute(&cmd.cdb, data).await;
-            if r.status == status::GOOD && !r.data.is_empty() && cmd.cdb[1] & 1 == 0 {
-                let mut d = r.data.to_vec();
-                d[0] = 0x7f;
-                r.data = Bytes::from(d);
-            }
-            r
-        }
-        _ => Reply::check(Sense::LUN_NOT_SUPPORTED),
-    }
-}
-
-/// Residual flags (byte 1 of SCSI Response / Data-In) and count.
-fn residual(transfer_len: u64, edtl: u64) -> (u8, u32) {
-    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-    if transfer_len > edtl {
-        (0x04, clamp(transfer_len - edtl))
-    } else if transfer_len < edtl {
-        (0x02, clamp(edtl - transfer_len))
-    } else {
-        (0, 0)
-    }
 }
 
 #[cfg(test)]
@@ -987,12 +903,5 @@ mod tests {
         assert!(!sn_lt(2, 1));
         assert!(sn_lt(u32::MAX, 0));
         assert!(!sn_lt(5, 5));
-    }
-
-    #[test]
-    fn residuals() {
-        assert_eq!(residual(512, 0), (0x04, 512));
-        assert_eq!(residual(512, 10000), (0x02, 9488));
-        assert_eq!(residual(512, 512), (0, 0));
     }
 }
