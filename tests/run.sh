@@ -41,7 +41,7 @@ fi
 
 # A real Kubernetes control plane, the CSI sidecars, csi-sanity, helm and kubernetes-validate,
 # built from Go modules and PyPI into a cache outside the checkout keyed by version
-# ($ZEBU_TOOLS_CACHE, default /var/cache/zebu-tools): about 3,100 CPU seconds cold, under a
+# ($ZEBU_TOOLS_CACHE, default /var/cache/zebu-tools): about 1,600 CPU seconds cold, under a
 # second warm. Then a check that the control plane really serves (tests/k8s/README.md).
 tests/k8s/tools.sh all
 tests/k8s/smoke.sh all
