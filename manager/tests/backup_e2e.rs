@@ -376,10 +376,68 @@ fn backups_under_io_to_s3_restore_byte_identical_and_survive_a_killed_upload() {
         "the snapshots must differ for the test to mean anything"
     );
 
-    // Delete: gone from the cluster and from the target.
+    // Delete: gone from the cluster and from the target; the others still restore.
     ok(&api, &["backup", "rm", "b2"]);
     wait_for("b2 deleted", 60, || backup(&api, "b2").is_none());
+    let listed = list_target(&moto);
+    assert!(!listed.contains("/backups/b2.manifest"), "{listed}");
+    assert!(listed.contains("/backups/b3.manifest"), "{listed}");
+
+    // b4: the manager is killed -9 while the upload runs; the upload goes on, and the next
+    // manager finds its process and records the backup.
+    let random = tmp.path().join("random.img");
+    std::fs::write(&random, store_fixtures::random_bytes(11, 48 << 20)).expect("random");
+    let st = Command::new("nbdcopy")
+        .arg(&random)
+        .arg(&endpoint)
+        .status()
+        .expect("nbdcopy");
+    assert!(st.success(), "nbdcopy into {endpoint}");
+    let src_b4 = image(&endpoint, &tmp.path().join("src-b4.img"));
+    ok(&api, &["backup", "create", "src", "--name", "b4"]);
+    let needle = format!("{}/backups/jobs/backup-b4.json", tmp.path().display());
+    wait_for("the upload process of b4", 60, || {
+        !pids("zebu-backup-run", &needle).is_empty()
+    });
+    let mut up = up;
+    up.kill9();
+    let survived = !pids("zebu-backup-run", &needle).is_empty();
+    let up = start_up_env(tmp.path(), 3, &moto_env(&moto));
+    let api = up.api.clone();
+    wait_for("b4 completed after the manager's restart", 180, || {
+        let b = backup(&api, "b4").expect("b4");
+        assert_ne!(b["status"]["state"], "error", "{b}");
+        b["status"]["state"] == "completed"
+    });
+    let b4 = backup(&api, "b4").expect("b4");
+    if survived {
+        assert_eq!(
+            b4["status"]["attempts"], 1,
+            "the upload outlived the manager: {b4}"
+        );
+    }
+    eprintln!(
+        "b4: upload process outlived the manager: {survived}; {}",
+        b4["status"]
+    );
+    let r4 = restore_image(&api, "b4", "r4", tmp.path());
+    assert_eq!(
+        first_difference(&r4, &src_b4),
+        None,
+        "restore of b4 differs"
+    );
     drop(up);
+}
+
+fn list_target(m: &Moto) -> String {
+    let port = m
+        .endpoint()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    store_fixtures::http(port, "GET", "/zebu?list-type=2&prefix=cluster-a/", &[])
+        .unwrap_or_default()
 }
 
 fn listed_ok(m: &Moto) -> bool {

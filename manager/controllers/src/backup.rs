@@ -117,6 +117,9 @@ fn fill_status(s: &mut BackupStatus, r: &JobReport) {
     if let Some(b) = r.backup_bytes {
         s.size = ByteSize(b);
     }
+    if let Some(v) = r.volume_size {
+        s.volume_size = ByteSize(v);
+    }
     if r.parent.is_some() {
         s.parent = r.parent.clone();
     }
@@ -596,6 +599,7 @@ impl BackupController {
             state: BackupState::Completed,
             progress: 100,
             size: ByteSize(m.stats.bytes),
+            volume_size: ByteSize(m.volume_size),
             family: m.family.as_str().to_string(),
             parent: m.parent.as_ref().map(|p| p.as_str().to_string()),
             url: Some(format!("{}#{}/{}", t.spec.url, m.family.as_str(), name)),
