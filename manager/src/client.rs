@@ -162,7 +162,7 @@ impl Client {
     }
 
     /// One request, the JSON answer decoded.
-    async fn call<T: DeserializeOwned>(
+    pub(crate) async fn call<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
@@ -191,7 +191,7 @@ impl Client {
         })
     }
 
-    const NO_BODY: Option<&'static Value> = None;
+    pub(crate) const NO_BODY: Option<&'static Value> = None;
 
     pub async fn list_volumes(&self) -> Result<Items<Volume>, ClientError> {
         self.call(Method::GET, "/v1/volumes", Self::NO_BODY).await

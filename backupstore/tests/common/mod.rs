@@ -21,7 +21,15 @@ pub struct Moto {
 
 /// The `moto_server` program, from the venv the crate's script keeps outside the checkout.
 pub fn moto_program() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/moto-venv.sh");
+    // This file is also included by the manager's backup tests, whose crate is elsewhere.
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = [
+        here.join("scripts/moto-venv.sh"),
+        here.join("../backupstore/scripts/moto-venv.sh"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .expect("backupstore/scripts/moto-venv.sh");
     let out = Command::new("bash")
         .arg(&script)
         .stderr(Stdio::inherit())

@@ -15,10 +15,14 @@
 //! | POST   | `/v1/volumes/{name}/snapshots/{s}/revert`| revert the volume to it           |
 //! | GET    | `/v1/nodes`                              | list nodes                        |
 //!
+//! The backup routes are in the `backup` module.
+//!
 //! Handlers only decode the request and call [`Ops`], where every rule lives; an
 //! [`OpsError`] becomes its HTTP status with `{"error": "..."}` (4xx for the caller's
 //! mistakes: 400 invalid, 404 missing, 409 exists or not now; 5xx for ours). Lists are
 //! `{"items": [...]}` as in Kubernetes; snapshot calls answer with the volume's snapshots.
+
+mod backup;
 
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
@@ -101,6 +105,7 @@ pub fn router(ops: Ops) -> Router {
             post(revert_snapshot),
         )
         .route("/v1/nodes", get(list_nodes))
+        .merge(backup::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such API path") })
         .with_state(ops)
 }

@@ -17,6 +17,8 @@
 //! [`run`] wakes on every change of the kinds it reads (one resumable watch per kind) and at
 //! least every second (for timeouts).
 
+pub mod backup;
+pub mod backup_jobs;
 pub mod cases;
 pub mod gc;
 pub mod node;

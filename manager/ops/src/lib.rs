@@ -25,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod backup;
 pub mod engine_rpc;
 mod error;
 pub mod scheduler;

@@ -85,6 +85,16 @@ impl Ops {
     }
 
     pub async fn create_volume(&self, req: CreateVolume) -> OpsResult<Volume> {
+        self.create_volume_annotated(req, Default::default()).await
+    }
+
+    /// [`Self::create_volume`] with annotations set at creation (a volume restored from a
+    /// backup is marked so before any controller or attach sees it).
+    pub(crate) async fn create_volume_annotated(
+        &self,
+        req: CreateVolume,
+        annotations: std::collections::BTreeMap<String, String>,
+    ) -> OpsResult<Volume> {
         validate_label(&req.name).map_err(|e| OpsError::invalid(format!("volume {e}")))?;
         let size = req
             .size
@@ -141,6 +151,7 @@ impl Ops {
         .map_err(|e| OpsError::invalid(e.to_string()))?;
         // The volume controller drops this once the engine and replicas are gone.
         volume.metadata.finalizers.push(VOLUME_FINALIZER.into());
+        volume.metadata.annotations = annotations;
         let created = self.store.create_as(&volume).await?;
         tracing::info!(volume = %created.metadata.name, size = %size, replicas, "volume created");
         Ok(created)
@@ -200,6 +211,7 @@ impl Ops {
 
     pub async fn attach_volume(&self, name: &str, req: AttachVolume) -> OpsResult<Volume> {
         let current = self.get_volume(name).await?;
+        crate::backup::refuse_while_restoring(&current)?;
         let node = match req.node.or(current.spec.node_id.clone()) {
             Some(n) => {
                 check_name("node", &n)?;

@@ -50,6 +50,9 @@ pub enum Command {
     /// Snapshots of a volume.
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Backups of volumes to the backup target.
+    #[command(subcommand)]
+    Backup(super::backup::BackupCmd),
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -95,13 +98,16 @@ pub enum VolumeCmd {
     /// Create a volume.
     Create {
         name: String,
-        /// Size: 10G, 512M, 1Ti or bytes.
-        #[arg(long)]
-        size: ByteSize,
+        /// Size: 10G, 512M, 1Ti or bytes (with --from-backup: the backup's by default).
+        #[arg(long, required_unless_present = "from_backup")]
+        size: Option<ByteSize>,
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]
         replicas: Option<u32>,
         #[arg(long, value_enum)]
         frontend: Option<FrontendArg>,
+        /// Fill the new volume with this backup's data (it can be attached once restored).
+        #[arg(long, value_name = "BACKUP")]
+        from_backup: Option<String>,
     },
     /// List volumes.
     Ls,

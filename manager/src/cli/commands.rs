@@ -43,6 +43,26 @@ pub async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Res
             size,
             replicas,
             frontend,
+            from_backup: Some(backup),
+        } => {
+            let req = zebu_types::requests::backup::RestoreBackup {
+                volume: name,
+                size: size.map(Into::into),
+                number_of_replicas: replicas,
+                frontend: frontend.map(Into::into),
+            };
+            render::one(
+                out,
+                &super::backup::restore(client, &backup, &req).await?,
+                render::volume_table,
+            )
+        }
+        VolumeCmd::Create {
+            name,
+            size: Some(size),
+            replicas,
+            frontend,
+            from_backup: None,
         } => {
             let mut req = CreateVolume::new(name, size);
             req.number_of_replicas = replicas;
@@ -53,6 +73,7 @@ pub async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Res
                 render::volume_table,
             )
         }
+        VolumeCmd::Create { size: None, .. } => bail!("--size is required"),
         VolumeCmd::Ls => render::list(out, &client.list_volumes().await?, render::volume_table),
         VolumeCmd::Get { name, watch: false } => {
             render::one(out, &client.get_volume(&name).await?, render::volume_table)

@@ -4,7 +4,8 @@
 //! - [`args`]: the arguments (clap), checked as far as they can be without the cluster;
 //! - [`commands`]: what each command does;
 //! - [`render`]: tables, JSON and YAML;
-//! - [`up`]: `zebu up`.
+//! - [`up`]: `zebu up`;
+//! - [`backup`]: `zebu backup ...` and `zebu volume create --from-backup`.
 //!
 //! Bad input gets one line on stderr and exit code 2 (argument errors) or 1 (the API refused
 //! or could not be reached); `-o json|yaml` prints the objects exactly as the API returns
@@ -13,6 +14,7 @@
 //! [`Client`]: crate::client::Client
 
 pub mod args;
+pub mod backup;
 pub mod commands;
 pub mod render;
 pub mod up;
@@ -31,5 +33,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node(cmd) => commands::node(&client()?, out, cmd).await,
         Command::Volume(cmd) => commands::volume(&client()?, out, cmd).await,
         Command::Snapshot(cmd) => commands::snapshot(&client()?, out, cmd).await,
+        Command::Backup(cmd) => backup::backup(&client()?, out, cmd).await,
     }
 }

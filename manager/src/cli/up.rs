@@ -194,6 +194,13 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         tracing::warn!("controllers: {e}");
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let backups = tokio::spawn(zebu_controllers::backup::run(
+        store.clone(),
+        zebu_controllers::backup::BackupConfig {
+            work_dir: data_dir.join("backups"),
+        },
+        stop_rx.clone(),
+    ));
     let controllers = tokio::spawn(zebu_controllers::run(store.clone(), stop_rx));
     // Whoever started us may stop reading our output (a closed pipe): the cluster keeps
     // running, so a failed write here is only logged.
@@ -232,6 +239,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     if let Err(e) = controllers.await {
         tracing::warn!("controller task failed: {e}");
+    }
+    if let Err(e) = backups.await {
+        tracing::warn!("backup controller task failed: {e}");
     }
     agents.stop_all().await;
     let _ = writeln!(std::io::stderr(), "zebu: stopped");

@@ -39,3 +39,17 @@ pub fn engine_name(volume: &str) -> String {
 
 /// Replica directories live in this directory of a node's disk: `<disk>/replicas/<replica>`.
 pub const REPLICAS_DIR: &str = "replicas";
+
+/// Held by every Backup until its manifest is deleted from the target.
+pub const BACKUP_FINALIZER: &str = "zebu.io/backup-delete";
+/// On a Volume created from a backup: the Backup object it restores (set at creation).
+pub const FROM_BACKUP_ANNOTATION: &str = "zebu.io/from-backup";
+/// On a standby volume: the source volume whose backups it follows until activated.
+pub const STANDBY_FROM_ANNOTATION: &str = "zebu.io/standby-from";
+/// On a Volume: the deduplication family of its backups in the target, when not its own
+/// name (a restored volume shares its source's family).
+pub const BACKUP_FAMILY_ANNOTATION: &str = "zebu.io/backup-family";
+/// On Backup objects: the RecurringJob that took it (its retention counts only these).
+pub const RECURRING_JOB_LABEL: &str = "zebu.io/recurring-job";
+/// The label prefix of recurring-job groups on volumes: `zebu.io/recurring-job-group.<g>`.
+pub const RECURRING_GROUP_LABEL_PREFIX: &str = "zebu.io/recurring-job-group.";

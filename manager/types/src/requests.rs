@@ -10,6 +10,8 @@ use std::fmt;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
+pub mod backup;
+
 use crate::resources::{DataLocality, Frontend};
 use crate::size::{ByteSize, SizeError};
 

@@ -140,6 +140,10 @@ pub struct VolumeStatus {
     /// The rebuild the engine is running now, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebuild: Option<RebuildProgress>,
+    /// For a volume created from a backup or a standby volume: what its replicas hold
+    /// (written by the restore controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<Box<super::VolumeRestoreStatus>>,
 }
 
 pub(crate) fn is_zero(n: &i64) -> bool {

@@ -1,0 +1,239 @@
+//! The one place the backup data path talks to a replica process: its sync RPCs
+//! (`Info`, `ListExtents`, `ReadLayer`, `WriteLayer`, `SetEpoch` in `replica.proto`).
+//!
+//! Every connection is made by [`ReplicaLink::connect`]. When replica ports become
+//! authenticated (the volume's secret, issue 18), that function is what proves it, and
+//! nothing else in this crate changes: callers hold a `ReplicaLink`, never a raw channel.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use tonic::transport::{Channel, Endpoint};
+use zebu_proto::replica as pb;
+use zebu_proto::replica::replica_client::ReplicaClient;
+
+/// How long connecting and a short call may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A failure talking to one replica; the address says which.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    #[error("replica {addr}: cannot connect: {detail}")]
+    Connect { addr: String, detail: String },
+    #[error("replica {addr}: {call} failed: {message}")]
+    Call {
+        addr: String,
+        call: &'static str,
+        code: tonic::Code,
+        message: String,
+    },
+    #[error("replica {addr}: {call} timed out after {secs} s")]
+    Timeout {
+        addr: String,
+        call: &'static str,
+        secs: u64,
+    },
+    #[error("replica {addr}: {what}")]
+    Protocol { addr: String, what: String },
+}
+
+/// A connection to one replica's sync RPCs.
+#[derive(Clone)]
+pub struct ReplicaLink {
+    addr: String,
+    client: ReplicaClient<Channel>,
+}
+
+impl std::fmt::Debug for ReplicaLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReplicaLink({})", self.addr)
+    }
+}
+
+impl ReplicaLink {
+    /// Connects to the replica at `addr` (`host:port`).
+    pub async fn connect(addr: &str) -> Result<ReplicaLink, ReplicaError> {
+        let connect_err = |detail: String| ReplicaError::Connect {
+            addr: addr.to_string(),
+            detail,
+        };
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| connect_err(format!("bad address: {e}")))?
+            .connect_timeout(CALL_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(CALL_TIMEOUT)
+            .keep_alive_while_idle(true)
+            // Large windows: a layer streams at disk speed, not at the default 64 KiB window.
+            .initial_stream_window_size(Some(8 << 20))
+            .initial_connection_window_size(Some(32 << 20));
+        let channel = match tokio::time::timeout(CALL_TIMEOUT, endpoint.connect()).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(connect_err(e.to_string())),
+            Err(_) => return Err(connect_err(format!("no answer within {CALL_TIMEOUT:?}"))),
+        };
+        let client = ReplicaClient::new(channel)
+            .max_decoding_message_size(pb::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(pb::MAX_MESSAGE_BYTES);
+        Ok(ReplicaLink {
+            addr: addr.to_string(),
+            client,
+        })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn call_err(&self, call: &'static str) -> impl FnOnce(tonic::Status) -> ReplicaError + '_ {
+        move |s| ReplicaError::Call {
+            addr: self.addr.clone(),
+            call,
+            code: s.code(),
+            message: s.message().to_string(),
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        call: &'static str,
+        limit: Duration,
+        fut: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, ReplicaError> {
+        match tokio::time::timeout(limit, fut).await {
+            Ok(r) => r
+                .map(tonic::Response::into_inner)
+                .map_err(self.call_err(call)),
+            Err(_) => Err(ReplicaError::Timeout {
+                addr: self.addr.clone(),
+                call,
+                secs: limit.as_secs(),
+            }),
+        }
+    }
+
+    pub async fn info(&self) -> Result<pb::InfoResponse, ReplicaError> {
+        let mut c = self.client.clone();
+        self.bounded("Info", CALL_TIMEOUT, c.info(pb::InfoRequest {}))
+            .await
+    }
+
+    /// A layer's own data extents (`layer` a snapshot name), sorted and disjoint.
+    pub async fn list_extents(&self, layer: &str) -> Result<Vec<Range<u64>>, ReplicaError> {
+        let mut c = self.client.clone();
+        let req = pb::ListExtentsRequest {
+            layer: layer.to_string(),
+            offset: 0,
+            length: 0,
+        };
+        // A layer of a large sparse volume can take a while to scan.
+        let r = self
+            .bounded("ListExtents", CALL_TIMEOUT * 6, c.list_extents(req))
+            .await?;
+        let mut out: Vec<Range<u64>> = r
+            .extents
+            .into_iter()
+            .map(|e| e.offset..e.offset.saturating_add(e.length))
+            .filter(|r| r.start < r.end)
+            .collect();
+        out.sort_by_key(|r| r.start);
+        Ok(crate::chain::union(&[&out]))
+    }
+
+    /// Reads `ranges` of one layer (its own bytes, not resolved) into `buf`, which holds the
+    /// volume from offset `base`. Returns the bytes received.
+    pub async fn read_layer_into(
+        &self,
+        layer: &str,
+        ranges: &[Range<u64>],
+        base: u64,
+        buf: &mut [u8],
+    ) -> Result<u64, ReplicaError> {
+        let want: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+        let mut c = self.client.clone();
+        let req = pb::ReadLayerRequest {
+            layer: layer.to_string(),
+            extents: ranges
+                .iter()
+                .map(|r| pb::Extent {
+                    offset: r.start,
+                    length: r.end - r.start,
+                })
+                .collect(),
+        };
+        let mut stream = self
+            .bounded("ReadLayer", CALL_TIMEOUT, c.read_layer(req))
+            .await?;
+        let mut got = 0u64;
+        loop {
+            let next = tokio::time::timeout(CALL_TIMEOUT * 3, stream.next()).await;
+            let msg = match next {
+                Err(_) => {
+                    return Err(ReplicaError::Timeout {
+                        addr: self.addr.clone(),
+                        call: "ReadLayer",
+                        secs: (CALL_TIMEOUT * 3).as_secs(),
+                    });
+                }
+                Ok(None) => break,
+                Ok(Some(m)) => m.map_err(self.call_err("ReadLayer"))?,
+            };
+            let start = msg.offset.checked_sub(base).map(|s| s as usize);
+            let end = start.and_then(|s| s.checked_add(msg.data.len()));
+            match (start, end) {
+                (Some(s), Some(e)) if e <= buf.len() => buf[s..e].copy_from_slice(&msg.data),
+                _ => {
+                    return Err(ReplicaError::Protocol {
+                        addr: self.addr.clone(),
+                        what: format!(
+                            "ReadLayer sent {} bytes at {} outside the window at {base}",
+                            msg.data.len(),
+                            msg.offset
+                        ),
+                    });
+                }
+            }
+            got += msg.data.len() as u64;
+        }
+        if got != want {
+            return Err(ReplicaError::Protocol {
+                addr: self.addr.clone(),
+                what: format!("ReadLayer of {layer:?} sent {got} bytes of {want}"),
+            });
+        }
+        Ok(got)
+    }
+
+    /// Streams data into a snapshot layer (created if missing, see `WriteLayerRequest`).
+    /// The layer is complete on the replica only if `data` ends normally; dropping the
+    /// returned future instead resets the stream and leaves the layer marked incomplete.
+    pub async fn write_layer(
+        &self,
+        first: pb::WriteLayerRequest,
+        data: impl Stream<Item = pb::WriteLayerRequest> + Send + 'static,
+    ) -> Result<u64, ReplicaError> {
+        let mut c = self.client.clone();
+        let stream = futures::stream::once(async move { first }).chain(data);
+        let r = c
+            .write_layer(stream)
+            .await
+            .map_err(self.call_err("WriteLayer"))?;
+        Ok(r.into_inner().bytes_written)
+    }
+
+    /// Records a membership epoch, durably.
+    pub async fn set_epoch(
+        &self,
+        epoch: u64,
+        members: Vec<String>,
+    ) -> Result<pb::InfoResponse, ReplicaError> {
+        let mut c = self.client.clone();
+        self.bounded(
+            "SetEpoch",
+            CALL_TIMEOUT,
+            c.set_epoch(pb::SetEpochRequest { epoch, members }),
+        )
+        .await
+    }
+}

@@ -1,0 +1,265 @@
+//! One restore: a backup written into every replica of a volume that no engine serves, as
+//! one snapshot layer, then a membership epoch naming the replicas that hold it.
+//!
+//! Why into the replicas and not through an engine: a volume being restored (or a standby
+//! volume) must not be used, so it has no engine; the replicas of a detached volume run, and
+//! `WriteLayer` is how rebuilds fill a replica's layers. Each chunk is downloaded once (the
+//! store's [`RestoreStream`](zebu_backupstore::RestoreStream): large ranged reads, several in
+//! flight, every chunk checked against its hash) and sent to every replica; chunks the
+//! backup does not hold are holes and are never written. A standby volume catching up from
+//! backup A (layer `base_layer`) to backup B writes only the chunks that differ, and zeros
+//! where B has a hole and A had data (a layer's zeros hide what older layers hold).
+//!
+//! The commit point is per replica: a layer is complete only when its `WriteLayer` stream
+//! ends normally; a failure (a chunk that fails its hash, a download that breaks) aborts
+//! every stream, which leaves the layer marked incomplete on each replica, so nothing is
+//! taken as good. After the streams, `SetEpoch(top + 1, members)` is recorded on the
+//! replicas that completed: an engine started later takes exactly those as current and
+//! rebuilds any other (one that failed here, or a replacement created meanwhile), the rule
+//! the engine keeps for replicas that miss writes.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use zebu_backupstore::{
+    BackupError, BackupName, FamilyId, RestoreItem, RestoreOptions, StoreOptions,
+};
+use zebu_proto::replica as pb;
+
+use crate::backup_job::zeros;
+use crate::job::{JobSpec, RestoreJob};
+use crate::replica::{ReplicaError, ReplicaLink};
+use crate::report::{JobFailure, Reporter};
+
+/// Messages queued per replica: a slow replica slows the restore, it does not grow memory.
+const QUEUE: usize = 8;
+/// The largest piece of zeros sent in one message.
+const ZERO_PIECE: u64 = 1 << 20;
+
+struct Sink {
+    addr: String,
+    id: String,
+    tx: Option<mpsc::Sender<pb::WriteLayerRequest>>,
+    task: JoinHandle<Result<u64, ReplicaError>>,
+    failed: Option<String>,
+}
+
+impl Sink {
+    async fn send(&mut self, offset: u64, data: Bytes) {
+        if self.failed.is_some() {
+            return;
+        }
+        let msg = pb::WriteLayerRequest {
+            chunk: Some(pb::LayerChunk { offset, data }),
+            ..Default::default()
+        };
+        let ok = match &self.tx {
+            Some(tx) => tx.send(msg).await.is_ok(),
+            None => false,
+        };
+        if !ok {
+            // The stream ended early: its task says why when joined.
+            self.failed = Some("the WriteLayer stream ended early".into());
+            self.tx = None;
+        }
+    }
+}
+
+/// Runs a restore job; see the module docs.
+pub async fn run(spec: &JobSpec, job: &RestoreJob, rep: &Reporter) -> Result<(), JobFailure> {
+    let opts = StoreOptions {
+        cache_dir: spec.cache_dir.clone(),
+        ..StoreOptions::default()
+    };
+    let store = crate::target::open(&spec.target, opts).await.map_err(|e| {
+        match e.downcast::<BackupError>() {
+            Ok(b) => JobFailure::from(b),
+            Err(e) => JobFailure::permanent(format!("{e:#}")),
+        }
+    })?;
+    let family = FamilyId::new(&job.family)?;
+    let m = store
+        .get_backup(&family, &BackupName::new(&job.backup)?)
+        .await?;
+    if m.volume_size > job.volume_size {
+        return Err(JobFailure::permanent(format!(
+            "backup {} is of a {}-byte volume; volume {} has only {} bytes",
+            job.backup, m.volume_size, job.volume, job.volume_size
+        )));
+    }
+    let base = match &job.base {
+        Some(b) => Some(store.get_backup(&family, &BackupName::new(b)?).await?),
+        None => None,
+    };
+    // Every replica that answers; one that does not is left out of the epoch.
+    let mut links = Vec::new();
+    let mut top_epoch = 0;
+    let mut problems = Vec::new();
+    for addr in &job.replicas {
+        match ReplicaLink::connect(addr).await {
+            Ok(l) => match l.info().await {
+                Ok(info) if info.size != job.volume_size => problems.push(format!(
+                    "replica {addr} has size {}, the volume {}",
+                    info.size, job.volume_size
+                )),
+                Ok(info) => {
+                    top_epoch = top_epoch.max(info.epoch);
+                    links.push((l, info.replica_id));
+                }
+                Err(e) => problems.push(e.to_string()),
+            },
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    if links.is_empty() {
+        return Err(JobFailure::transient(format!(
+            "volume {}: no replica to restore into ({})",
+            job.volume,
+            problems.join("; ")
+        )));
+    }
+    let ropts = RestoreOptions::default();
+    let mut stream = match &base {
+        Some(b) => store.restore_diff(b, &m, ropts).await?,
+        None => store.restore(&m, ropts).await?,
+    };
+    let created = layer_time(m.created_unix_ms);
+    let mut sinks: Vec<Sink> = links
+        .into_iter()
+        .map(|(link, id)| {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            let first = pb::WriteLayerRequest {
+                layer: job.layer.clone(),
+                parent: job.base_layer.clone(),
+                user_created: false,
+                created: created.clone(),
+                labels: BTreeMap::from([("zebu.io/backup".to_string(), job.backup.clone())])
+                    .into_iter()
+                    .collect(),
+                size: job.volume_size,
+                chunk: None,
+            };
+            let addr = link.addr().to_string();
+            let task =
+                tokio::spawn(async move { link.write_layer(first, ReceiverStream::new(rx)).await });
+            Sink {
+                addr,
+                id,
+                tx: Some(tx),
+                task,
+                failed: None,
+            }
+        })
+        .collect();
+    let total = m.stats.bytes;
+    rep.update(|r| {
+        r.bytes_total = total;
+        r.volume_size = Some(m.volume_size);
+    });
+    let mut done = 0u64;
+    let mut written = 0u64;
+    loop {
+        let item = match stream.next().await {
+            None => break,
+            Some(Ok(i)) => i,
+            Some(Err(e)) => {
+                // Abort the streams while their senders are alive: the replicas see a reset,
+                // not an end, and keep the layer incomplete.
+                for s in &sinks {
+                    s.task.abort();
+                }
+                for s in &mut sinks {
+                    s.tx = None;
+                }
+                tracing::error!(volume = %job.volume, backup = %job.backup, "restore failed; the layer stays incomplete on every replica: {e}");
+                return Err(e.into());
+            }
+        };
+        match item {
+            RestoreItem::Data { offsets, data } => {
+                for o in offsets {
+                    for s in &mut sinks {
+                        s.send(o, data.clone()).await;
+                    }
+                    done += data.len() as u64;
+                    written += data.len() as u64;
+                }
+            }
+            RestoreItem::Zero { offset, len } => {
+                let mut at = offset;
+                while at < offset + len {
+                    let n = (offset + len - at).min(ZERO_PIECE);
+                    for s in &mut sinks {
+                        s.send(at, zeros(n as usize)).await;
+                    }
+                    at += n;
+                }
+                written += len;
+            }
+        }
+        if sinks.iter().all(|s| s.failed.is_some()) {
+            break;
+        }
+        let st = stream.stats();
+        rep.update(|r| {
+            r.bytes_done = done.min(total);
+            r.bytes_transferred = st.downloaded;
+            r.bytes_written = written;
+        });
+    }
+    let st = stream.stats();
+    // End the streams normally: each replica makes its layer durable and complete.
+    let mut good = Vec::new();
+    for mut s in sinks {
+        s.tx = None;
+        match s.task.await {
+            Ok(Ok(_)) if s.failed.is_none() => good.push((s.addr, s.id)),
+            Ok(Ok(_)) => problems.push(format!(
+                "replica {}: {}",
+                s.addr,
+                s.failed.unwrap_or_default()
+            )),
+            Ok(Err(e)) => problems.push(e.to_string()),
+            Err(e) => problems.push(format!("replica {}: {e}", s.addr)),
+        }
+    }
+    if good.is_empty() {
+        return Err(JobFailure::transient(format!(
+            "volume {}: no replica took the restore ({})",
+            job.volume,
+            problems.join("; ")
+        )));
+    }
+    if !problems.is_empty() {
+        tracing::warn!(volume = %job.volume, "restored into {} of {} replicas; the others will be rebuilt: {}", good.len(), job.replicas.len(), problems.join("; "));
+    }
+    let members: Vec<String> = good.iter().map(|(_, id)| id.clone()).collect();
+    let epoch = top_epoch + 1;
+    for (addr, _) in &good {
+        let link = ReplicaLink::connect(addr)
+            .await
+            .map_err(|e| JobFailure::transient(e.to_string()))?;
+        link.set_epoch(epoch, members.clone())
+            .await
+            .map_err(|e| JobFailure::transient(e.to_string()))?;
+    }
+    rep.update(|r| {
+        r.bytes_done = total;
+        r.bytes_transferred = st.downloaded;
+        r.bytes_written = written;
+        r.backup_bytes = Some(m.stats.bytes);
+        r.created_unix_ms = Some(m.created_unix_ms);
+        r.replicas = members.clone();
+    });
+    tracing::info!(volume = %job.volume, backup = %job.backup, incremental = base.is_some(), chunks = st.chunks,
+        downloaded = st.downloaded, reads = st.reads, replicas = members.len(), epoch, "restore done");
+    Ok(())
+}
+
+/// RFC 3339 of a Unix time in ms (the layer's creation time: the backup's).
+fn layer_time(ms: u64) -> String {
+    zebu_types::time::format_rfc3339(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+}

@@ -1,0 +1,152 @@
+//! The `zebu-backup-run` processes of the backup controller: one per backup or restore
+//! attempt, started with a job file, watched through the report file it keeps.
+//!
+//! A process is found again after a manager restart by its command line (`--job FILE`), so
+//! a manager killed mid-backup neither loses nor duplicates the upload. An attempt's
+//! outcome is its report: `done`, `failed` (permanent or not), or still `running` in a
+//! report whose process is gone, which means the process was killed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use zebu_backup::job::{JobReport, JobSpec, read_json, report_path, write_json_atomic};
+
+/// The binary that runs jobs.
+pub const RUNNER: &str = "zebu-backup-run";
+
+/// Where the runner binary is: `$ZEBU_BIN_DIR`, else next to the running program.
+pub fn runner_binary() -> PathBuf {
+    let dir = std::env::var_os("ZEBU_BIN_DIR")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(Path::to_path_buf))
+        })
+        .unwrap_or_default();
+    dir.join(RUNNER)
+}
+
+/// How an attempt stands, from its process and its report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Attempt {
+    /// No attempt was made (no report).
+    None,
+    Running(JobReport),
+    Done(JobReport),
+    Failed(JobReport),
+    /// The process is gone without a final report (killed).
+    Killed(JobReport),
+}
+
+/// The jobs of one controller, by job name.
+pub struct Jobs {
+    dir: PathBuf,
+    children: HashMap<String, Child>,
+}
+
+impl Jobs {
+    pub fn new(dir: PathBuf) -> Self {
+        Jobs {
+            dir,
+            children: HashMap::new(),
+        }
+    }
+
+    pub fn job_file(&self, job: &str) -> PathBuf {
+        self.dir.join(format!("{job}.json"))
+    }
+
+    /// Whether the job's process runs (ours, or one found by its command line).
+    pub fn running(&mut self, job: &str) -> bool {
+        if let Some(c) = self.children.get_mut(job) {
+            match c.try_wait() {
+                Ok(None) => return true,
+                _ => {
+                    self.children.remove(job);
+                    return false;
+                }
+            }
+        }
+        find_pid(&self.job_file(job)).is_some()
+    }
+
+    /// The attempt's state.
+    pub fn attempt(&mut self, job: &str) -> Attempt {
+        let running = self.running(job);
+        let report: Option<JobReport> = read_json(&report_path(&self.job_file(job)));
+        match report {
+            None if running => Attempt::Running(JobReport::default()),
+            None => Attempt::None,
+            Some(r) => match r.state {
+                zebu_backup::JobState::Done => Attempt::Done(r),
+                zebu_backup::JobState::Failed => Attempt::Failed(r),
+                zebu_backup::JobState::Running if running => Attempt::Running(r),
+                zebu_backup::JobState::Running => Attempt::Killed(r),
+            },
+        }
+    }
+
+    /// Starts an attempt: a fresh job file, no report, a new process.
+    pub fn start(&mut self, job: &str, spec: &JobSpec) -> std::io::Result<u32> {
+        std::fs::create_dir_all(&self.dir)?;
+        let file = self.job_file(job);
+        let _ = std::fs::remove_file(report_path(&file));
+        write_json_atomic(&file, spec)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{job}.log")))?;
+        let child = Command::new(runner_binary())
+            .arg("--job")
+            .arg(&file)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot start {}: {e}", runner_binary().display()),
+                )
+            })?;
+        let pid = child.id();
+        self.children.insert(job.to_string(), child);
+        tracing::info!(job, pid, "backup job process started");
+        Ok(pid)
+    }
+
+    /// Stops the job's process, if it runs, and waits for it.
+    pub fn kill(&mut self, job: &str) {
+        if let Some(mut c) = self.children.remove(job) {
+            let _ = c.kill();
+            let _ = c.wait();
+        } else if let Some(pid) = find_pid(&self.job_file(job)) {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        }
+    }
+
+    /// Removes a finished job's files (its log stays).
+    pub fn forget(&mut self, job: &str) {
+        let file = self.job_file(job);
+        let _ = std::fs::remove_file(report_path(&file));
+        let _ = std::fs::remove_file(&file);
+    }
+}
+
+/// The pid of a running `zebu-backup-run --job FILE`, found by its command line.
+pub fn find_pid(job_file: &Path) -> Option<u32> {
+    let want = job_file.as_os_str().as_encoded_bytes();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+            args.first().is_some_and(|a| a.ends_with(RUNNER.as_bytes()))
+                && args.windows(2).any(|w| w[0] == b"--job" && w[1] == want)
+        })
+}
