@@ -21,6 +21,10 @@ use zebu_types::store::TypedStore;
 use crate::populate::Population;
 use crate::{Ops, OpsError, OpsResult};
 
+/// How long an operation on a detached volume waits for the engine of a detach under way.
+const DETACH_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+const DETACH_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl Ops {
     /// Run `op` with the control address of an engine of `volume`: its running engine when
     /// attached, or one started without a frontend for the call when detached (see the
@@ -66,16 +70,26 @@ impl Ops {
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = OpsResult<T>>,
     {
-        let still_there = self
-            .store
-            .list_as::<Engine>()
-            .await?
-            .into_iter()
-            .any(|e| e.spec.volume == volume);
-        if still_there {
-            return Err(OpsError::aborted(format!(
-                "volume {volume:?} is still detaching; try again when it is detached"
-            )));
+        // The engine of a detach that just happened (often the previous maintenance call's
+        // own) goes within a second or two: wait that long rather than make every caller
+        // retry back-to-back calls on a detached volume.
+        let deadline = tokio::time::Instant::now() + DETACH_WAIT;
+        loop {
+            let still_there = self
+                .store
+                .list_as::<Engine>()
+                .await?
+                .into_iter()
+                .any(|e| e.spec.volume == volume);
+            if !still_there {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(OpsError::aborted(format!(
+                    "volume {volume:?} is still detaching; try again when it is detached"
+                )));
+            }
+            tokio::time::sleep(DETACH_POLL).await;
         }
         let node = self.pick_node(volume).await?;
         let token = format!("{what}:{:08x}", rand::random::<u32>());
