@@ -437,13 +437,13 @@ impl csi::node_server::Node for NodeService {
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
         let req = request.into_inner();
         let volume = required(&req.volume_id, "volume_id")?.to_string();
+        let path = PathBuf::from(required(&req.volume_path, "volume_path")?);
         let state_path = self.state_path(&volume);
         let staged = Staged::load(&state_path)
             .map_err(|e| io_status("reading", &state_path, e))?
             .ok_or_else(|| {
                 Status::not_found(format!("volume {volume} is not staged on this node"))
             })?;
-        let path = PathBuf::from(required(&req.volume_path, "volume_path")?);
         if !path.exists() {
             return Err(Status::not_found(format!(
                 "volume {volume}: {} does not exist",
