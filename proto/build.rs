@@ -22,5 +22,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ],
             &includes,
         )?;
+    // The CSI spec (vendored, see its header): no `bytes` mapping, its messages are small.
+    tonic_prost_build::configure()
+        .compile_protos(&[std::path::PathBuf::from("proto/csi.proto")], &includes)?;
     Ok(())
 }

@@ -15,9 +15,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::net::TcpStream;
 use zebu_types::requests::{
-    AttachVolume, CreateSnapshot, CreateVolume, ExpandVolume, Items, SnapshotInfo,
+    AttachVolume, Capacity, CreateSnapshot, CreateVolume, ExpandVolume, Items, SnapshotInfo,
 };
-use zebu_types::resources::{Node, Volume};
+use zebu_types::resources::{Node, Snapshot, Volume};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -38,7 +38,12 @@ pub enum ClientError {
         source: hyper::Error,
     },
     #[error("{message}")]
-    Api { status: StatusCode, message: String },
+    Api {
+        status: StatusCode,
+        message: String,
+        /// The gRPC code name the operation's error maps to, when the server says.
+        code: Option<String>,
+    },
     #[error("invalid response from {addr}: {reason}")]
     Invalid { addr: String, reason: String },
 }
@@ -154,11 +159,19 @@ impl Client {
         }
         let status = resp.status();
         let body = resp.into_body().collect().await.map_err(http)?.to_bytes();
-        let message = serde_json::from_slice::<Value>(&body)
-            .ok()
+        let json = serde_json::from_slice::<Value>(&body).ok();
+        let message = json
+            .as_ref()
             .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
             .unwrap_or_else(|| format!("{status}: {}", String::from_utf8_lossy(&body).trim()));
-        Err(ClientError::Api { status, message })
+        let code = json
+            .as_ref()
+            .and_then(|v| v.get("code").and_then(Value::as_str).map(str::to_string));
+        Err(ClientError::Api {
+            status,
+            message,
+            code,
+        })
     }
 
     /// One request, the JSON answer decoded.
@@ -285,6 +298,49 @@ impl Client {
             segment(snapshot)
         );
         self.call(Method::POST, &path, Self::NO_BODY).await
+    }
+
+    /// Start (again) the copy into a volume made from a snapshot or a clone, unless it is
+    /// done or running; its state (`None`: the volume has no data source).
+    pub async fn populate_volume(&self, name: &str) -> Result<Option<String>, ClientError> {
+        let path = format!("/v1/volumes/{}/populate", segment(name));
+        let v: Value = self.call(Method::POST, &path, Self::NO_BODY).await?;
+        Ok(v.get("population")
+            .and_then(Value::as_str)
+            .map(str::to_string))
+    }
+
+    /// The Snapshot records of one volume, or of every volume.
+    pub async fn list_snapshot_records(
+        &self,
+        volume: Option<&str>,
+    ) -> Result<Items<Snapshot>, ClientError> {
+        let path = match volume {
+            Some(v) => format!("/v1/snapshots?volume={}", segment(v)),
+            None => "/v1/snapshots".to_string(),
+        };
+        self.call(Method::GET, &path, Self::NO_BODY).await
+    }
+
+    /// What new replicas can take on one node, one zone, or everywhere.
+    pub async fn capacity(
+        &self,
+        node: Option<&str>,
+        zone: Option<&str>,
+    ) -> Result<Capacity, ClientError> {
+        let mut query = Vec::new();
+        if let Some(n) = node {
+            query.push(format!("node={}", segment(n)));
+        }
+        if let Some(z) = zone {
+            query.push(format!("zone={}", segment(z)));
+        }
+        let path = if query.is_empty() {
+            "/v1/capacity".to_string()
+        } else {
+            format!("/v1/capacity?{}", query.join("&"))
+        };
+        self.call(Method::GET, &path, Self::NO_BODY).await
     }
 
     /// `zebu up`'s own routes: stop or start a node's agent.

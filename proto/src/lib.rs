@@ -7,6 +7,8 @@
 //!   version [`engine::PROTOCOL_VERSION`].
 //! - [`frames`]: the replica data stream as fixed binary frames on plain TCP (no HTTP/2),
 //!   version [`frames::VERSION`]; same semantics as the gRPC `Data` stream.
+//! - [`csi`]: the Container Storage Interface v1.12 (package `csi.v1`), vendored unchanged,
+//!   which the `zebu-csi` plugin serves.
 //!
 //! ```
 //! use zebu_proto::replica::{DataRequest, data_request::Op, ReadOp};
@@ -37,4 +39,13 @@ pub mod engine {
 
     /// The version this build speaks; see the changelog at the top of `engine.proto`.
     pub const PROTOCOL_VERSION: u32 = 1;
+}
+
+/// The Container Storage Interface, v1.12.0 (package `csi.v1`; `proto/csi.proto`).
+pub mod csi {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("csi.v1");
+
+    /// The CSI spec version this build serves.
+    pub const SPEC_VERSION: &str = "1.12.0";
 }

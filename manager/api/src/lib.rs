@@ -13,13 +13,17 @@
 //! | POST   | `/v1/volumes/{name}/snapshots`           | take one (a [`CreateSnapshot`])   |
 //! | DELETE | `/v1/volumes/{name}/snapshots/{s}`       | delete one                        |
 //! | POST   | `/v1/volumes/{name}/snapshots/{s}/revert`| revert the volume to it           |
+//! | POST   | `/v1/volumes/{name}/populate`            | start (again) the copy from its data source unless done or running; `{"population": STATE}` |
+//! | GET    | `/v1/snapshots[?volume=V]`               | the Snapshot records (detached volumes' too) |
+//! | GET    | `/v1/capacity[?node=N][&zone=Z]`         | what new replicas can take (a [`Capacity`]) |
 //! | GET    | `/v1/nodes`                              | list nodes                        |
 //!
 //! The backup routes are in the `backup` module.
 //!
 //! Handlers only decode the request and call [`Ops`], where every rule lives; an
-//! [`OpsError`] becomes its HTTP status with `{"error": "..."}` (4xx for the caller's
-//! mistakes: 400 invalid, 404 missing, 409 exists or not now; 5xx for ours). Lists are
+//! [`OpsError`] becomes its HTTP status with `{"error": "...", "code": "..."}` (4xx for the
+//! caller's mistakes: 400 invalid, 404 missing, 409 exists or not now; 5xx for ours; `code`
+//! is the gRPC code name, so a CSI plugin answers with the code the operation meant). Lists are
 //! `{"items": [...]}` as in Kubernetes; snapshot calls answer with the volume's snapshots.
 
 mod backup;
@@ -34,17 +38,19 @@ use axum::{Json, Router};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use zebu_ops::{Ops, OpsError, VolumeChange};
+use zebu_ops::{CapacityScope, Ops, OpsError, VolumeChange};
 use zebu_types::requests::{
-    AttachVolume, CreateSnapshot, CreateVolume, ExpandVolume, Items, SnapshotInfo,
+    AttachVolume, Capacity, CreateSnapshot, CreateVolume, ExpandVolume, Items, SnapshotInfo,
 };
-use zebu_types::resources::{Node, Volume};
+use zebu_types::resources::{Node, Snapshot, Volume};
 
 /// An error as the API reports it.
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
+    /// The gRPC code name of an operation's error (`OutOfRange`, `Aborted`, ...).
+    pub code: Option<String>,
 }
 
 impl ApiError {
@@ -52,6 +58,7 @@ impl ApiError {
         ApiError {
             status,
             message: message.into(),
+            code: None,
         }
     }
 }
@@ -61,7 +68,11 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() {
             tracing::warn!(status = %self.status, "API error: {}", self.message);
         }
-        (self.status, Json(json!({ "error": self.message }))).into_response()
+        let body = match self.code {
+            Some(code) => json!({ "error": self.message, "code": code }),
+            None => json!({ "error": self.message }),
+        };
+        (self.status, Json(body)).into_response()
     }
 }
 
@@ -69,7 +80,9 @@ impl From<OpsError> for ApiError {
     fn from(e: OpsError) -> Self {
         let status =
             StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        ApiError::new(status, e.to_string())
+        let mut err = ApiError::new(status, e.to_string());
+        err.code = Some(format!("{:?}", e.grpc_code()));
+        err
     }
 }
 
@@ -104,6 +117,9 @@ pub fn router(ops: Ops) -> Router {
             "/v1/volumes/{name}/snapshots/{snapshot}/revert",
             post(revert_snapshot),
         )
+        .route("/v1/volumes/{name}/populate", post(populate_volume))
+        .route("/v1/snapshots", get(list_snapshot_records))
+        .route("/v1/capacity", get(capacity))
         .route("/v1/nodes", get(list_nodes))
         .merge(backup::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such API path") })
@@ -244,4 +260,45 @@ async fn revert_snapshot(
     Ok(Json(Items {
         items: ops.revert_snapshot(&name, &snapshot).await?,
     }))
+}
+
+async fn populate_volume(
+    State(ops): State<Ops>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let state = ops.ensure_populated(&name).await?;
+    Ok(Json(json!({ "population": state.map(|s| s.to_string()) })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnapshotsQuery {
+    volume: Option<String>,
+}
+
+async fn list_snapshot_records(
+    State(ops): State<Ops>,
+    Query(q): Query<SnapshotsQuery>,
+) -> ApiResult<Json<Items<Snapshot>>> {
+    Ok(Json(Items {
+        items: ops.list_snapshot_records(q.volume.as_deref()).await?,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CapacityQuery {
+    node: Option<String>,
+    zone: Option<String>,
+}
+
+async fn capacity(
+    State(ops): State<Ops>,
+    Query(q): Query<CapacityQuery>,
+) -> ApiResult<Json<Capacity>> {
+    let scope = CapacityScope {
+        node: q.node,
+        zone: q.zone,
+    };
+    Ok(Json(ops.capacity(&scope).await?))
 }

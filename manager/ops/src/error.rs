@@ -20,7 +20,12 @@ pub enum OpsError {
     /// The request is fine but the object's state does not allow it now.
     #[error("{message}")]
     FailedPrecondition { volume: String, message: String },
-    /// Others kept changing the object; trying again may work.
+    /// The request is well formed but asks for more than the cluster can ever give (a
+    /// volume larger than any disk).
+    #[error("{message}")]
+    OutOfRange { volume: String, message: String },
+    /// Others kept changing the object, or work on it is still in progress; trying again
+    /// may work.
     #[error("{message}")]
     Aborted { message: String },
     /// Waited for the cluster to get there, and it did not in time.
@@ -57,6 +62,12 @@ impl OpsError {
         }
     }
 
+    pub fn aborted(message: impl Into<String>) -> Self {
+        OpsError::Aborted {
+            message: message.into(),
+        }
+    }
+
     pub fn not_found(kind: Kind, name: &str) -> Self {
         OpsError::NotFound {
             kind,
@@ -71,6 +82,7 @@ impl OpsError {
             OpsError::NotFound { .. } => Code::NotFound,
             OpsError::FailedPrecondition { .. } => Code::FailedPrecondition,
             OpsError::Aborted { .. } => Code::Aborted,
+            OpsError::OutOfRange { .. } => Code::OutOfRange,
             OpsError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             OpsError::Engine { source, .. } => match source {
                 EngineRpcError::Call { code, .. } => match code {
@@ -168,6 +180,14 @@ mod tests {
                 Code::FailedPrecondition,
             ),
             (engine(Code::NotFound), 404, Code::NotFound),
+            (
+                OpsError::OutOfRange {
+                    volume: "v".into(),
+                    message: "too big".into(),
+                },
+                400,
+                Code::OutOfRange,
+            ),
             (engine(Code::Internal), 503, Code::Unavailable),
             (
                 StoreError::AlreadyExists {

@@ -1,9 +1,12 @@
 //! `zebu-ops`: the rules of every user operation, in one place, for every caller.
 //!
 //! [`Ops`] holds a store (any backend, as `Arc<dyn Store>`) and carries out what a person or
-//! a CSI plugin asks: create, get, watch, attach, detach, expand and delete volumes; list,
-//! create, delete and revert snapshots. The REST API, the `zebu` CLI (through the API) and,
-//! later, the CSI plugin call it; none of them has rules of its own.
+//! a CSI plugin asks: create (empty, from a snapshot, or as a clone), get, watch, attach
+//! (with a chosen frontend), detach, expand (online, or offline through an engine started
+//! for it) and delete volumes; list, create, delete and revert snapshots (of detached
+//! volumes too, through an engine started for the call); report capacity per node or zone. The REST API, the
+//! `zebu` CLI (through the API) and the CSI plugin (through the API) call it; none of them
+//! has rules of its own. [`populate`] fills new volumes from snapshots.
 //!
 //! Each operation checks its request (names are DNS-1123 labels, sizes whole 4 KiB blocks,
 //! a volume no one can place is refused at once with the scheduler's reason), then writes the
@@ -26,8 +29,11 @@
 //! ```
 
 pub mod backup;
+mod capacity;
 pub mod engine_rpc;
 mod error;
+mod maintenance;
+pub mod populate;
 pub mod scheduler;
 mod snapshot;
 mod volume;
@@ -36,18 +42,26 @@ use std::sync::Arc;
 
 use zebu_types::Store;
 
+pub use capacity::CapacityScope;
 pub use error::{OpsError, OpsResult};
+pub use populate::{DATA_SOURCE_ANNOTATION, POPULATION_ANNOTATION, Population};
+pub use snapshot::{SNAPSHOT_NAME_ANNOTATION, snapshot_record_name};
 pub use volume::{MAX_REPLICAS, VOLUME_ALIGNMENT, VolumeChange};
 
 /// The operations over one store; cheap to clone.
 #[derive(Clone)]
 pub struct Ops {
     store: Arc<dyn Store>,
+    /// The copies into new volumes this process runs (see [`populate`]).
+    copies: populate::Copies,
 }
 
 impl Ops {
     pub fn new(store: Arc<dyn Store>) -> Self {
-        Ops { store }
+        Ops {
+            store,
+            copies: populate::Copies::default(),
+        }
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

@@ -18,14 +18,26 @@
 use std::time::Duration;
 
 use zebu_proto::engine as pb;
-use zebu_types::names::MAINTENANCE_ANNOTATION;
+use zebu_types::Kind;
+use zebu_types::names::{MAINTENANCE_ANNOTATION, VOLUME_LABEL};
 use zebu_types::requests::{CreateSnapshot, SnapshotInfo};
-use zebu_types::resources::{Engine, EngineState};
-use zebu_types::store::TypedStore;
+use zebu_types::resources::{Engine, EngineState, Snapshot, SnapshotSpec, SnapshotStatus};
+use zebu_types::size::ByteSize;
+use zebu_types::store::{StoreError, TypedStore};
 use zebu_types::validate_label;
 
 use crate::volume::check_name;
 use crate::{Ops, OpsError, OpsResult, engine_rpc};
+
+/// On a Snapshot record: the snapshot's name in its volume's layer chain (the record is
+/// named `<volume>.<snapshot>`).
+pub const SNAPSHOT_NAME_ANNOTATION: &str = "zebu.io/snapshot";
+
+/// The name of the Snapshot record of `snapshot` of `volume`: a volume name and a snapshot
+/// name are DNS-1123 labels, so this is a valid subdomain and no two pairs share it.
+pub fn snapshot_record_name(volume: &str, snapshot: &str) -> String {
+    format!("{volume}.{snapshot}")
+}
 
 /// How long a revert of a detached volume waits for its engine to start.
 const MAINTENANCE_ENGINE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -91,26 +103,165 @@ impl Ops {
             )
         });
         validate_label(&snapshot).map_err(|e| OpsError::invalid(format!("snapshot {e}")))?;
-        let control = self.engine_control(volume).await?;
-        let s = engine_rpc::snapshot_create(&control, &snapshot)
-            .await
-            .map_err(Self::engine_err(volume))?;
+        let s = self
+            .with_engine(volume, "snapshot", |control| async move {
+                engine_rpc::snapshot_create(&control, &snapshot)
+                    .await
+                    .map_err(Self::engine_err(volume))
+                    .map(|s| (snapshot, s))
+            })
+            .await;
+        let (snapshot, s) = s?;
         tracing::info!(volume, snapshot = %snapshot, "snapshot taken");
-        Ok(snapshot_items(s))
+        let items = snapshot_items(s);
+        self.record_snapshot(volume, &snapshot, &items).await?;
+        Ok(items)
     }
 
+    /// Delete a snapshot, on the running engine or on one started for it (detached).
     pub async fn delete_snapshot(
         &self,
         volume: &str,
         snapshot: &str,
     ) -> OpsResult<Vec<SnapshotInfo>> {
         check_name("snapshot", snapshot)?;
-        let control = self.engine_control(volume).await?;
-        let s = engine_rpc::snapshot_delete(&control, snapshot)
-            .await
-            .map_err(Self::engine_err(volume))?;
+        let s = self
+            .with_engine(volume, "snapshot-delete", |control| async move {
+                engine_rpc::snapshot_delete(&control, snapshot)
+                    .await
+                    .map_err(Self::engine_err(volume))
+            })
+            .await;
+        let items = match s {
+            Ok(s) => snapshot_items(s),
+            // Gone from the replicas already (a delete repeated after the manager stopped
+            // before removing the record): the record goes too.
+            Err(OpsError::Engine { source, .. }) if matches!(&source, engine_rpc::EngineRpcError::Call { code, .. } if *code == tonic::Code::NotFound) =>
+            {
+                self.forget_snapshot(volume, snapshot).await?;
+                return Err(OpsError::Engine {
+                    volume: volume.to_string(),
+                    source,
+                });
+            }
+            Err(e) => return Err(e),
+        };
         tracing::info!(volume, snapshot, "snapshot deleted");
-        Ok(snapshot_items(s))
+        self.forget_snapshot(volume, snapshot).await?;
+        Ok(items)
+    }
+
+    /// The Snapshot records of `volume` (every volume's with `None`): what the ops layer
+    /// took, readable without an engine.
+    pub async fn list_snapshot_records(&self, volume: Option<&str>) -> OpsResult<Vec<Snapshot>> {
+        if let Some(v) = volume {
+            check_name("volume", v)?;
+        }
+        Ok(self
+            .store
+            .list_as::<Snapshot>()
+            .await?
+            .into_iter()
+            .filter(|s| volume.is_none_or(|v| s.spec.volume == v))
+            .collect())
+    }
+
+    /// The record of one snapshot, if the ops layer took it.
+    pub async fn snapshot_record(
+        &self,
+        volume: &str,
+        snapshot: &str,
+    ) -> OpsResult<Option<Snapshot>> {
+        check_name("volume", volume)?;
+        check_name("snapshot", snapshot)?;
+        Ok(self
+            .store
+            .get_as::<Snapshot>(&snapshot_record_name(volume, snapshot))
+            .await?)
+    }
+
+    /// Write (or refresh) the record of `snapshot` from the engine's list after taking it.
+    async fn record_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        items: &[SnapshotInfo],
+    ) -> OpsResult<()> {
+        let Some(info) = items.iter().find(|i| i.name == snapshot) else {
+            return Err(OpsError::precondition(
+                volume,
+                format!(
+                    "volume {volume:?}: the engine took snapshot {snapshot:?} but does not list it"
+                ),
+            ));
+        };
+        let size = self.get_volume(volume).await?.spec.size;
+        let name = snapshot_record_name(volume, snapshot);
+        let mut record = Snapshot::new(
+            name.clone(),
+            SnapshotSpec {
+                volume: volume.to_string(),
+            },
+        );
+        record
+            .metadata
+            .labels
+            .insert(VOLUME_LABEL.into(), volume.to_string());
+        record
+            .metadata
+            .annotations
+            .insert(SNAPSHOT_NAME_ANNOTATION.into(), snapshot.to_string());
+        let status = SnapshotStatus {
+            ready_to_use: true,
+            observed_generation: 0,
+            creation_time: Some(info.created.clone()),
+            parent: (!info.parent.is_empty()).then(|| info.parent.clone()),
+            user_created: info.user_created,
+            size: ByteSize(info.data_bytes),
+            volume_size: Some(size),
+            error: String::new(),
+        };
+        let stored = match self.store.get_as::<Snapshot>(&name).await? {
+            Some(old) => old,
+            None => match self.store.create_as(&record).await {
+                Ok(r) => r,
+                Err(StoreError::AlreadyExists { .. }) => {
+                    self.store.get_as::<Snapshot>(&name).await?.ok_or_else(|| {
+                        OpsError::aborted(format!(
+                            "snapshot record {name:?} keeps changing; try again"
+                        ))
+                    })?
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let mut updated = stored;
+        updated.status = status;
+        self.store.update_status_as(&updated).await?;
+        Ok(())
+    }
+
+    async fn forget_snapshot(&self, volume: &str, snapshot: &str) -> OpsResult<()> {
+        match self
+            .store
+            .delete(Kind::Snapshot, &snapshot_record_name(volume, snapshot))
+            .await
+        {
+            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Remove the records of every snapshot of a volume that is being deleted (its
+    /// snapshots go with its replicas).
+    pub(crate) async fn forget_snapshots_of(&self, volume: &str) -> OpsResult<()> {
+        for s in self.list_snapshot_records(Some(volume)).await? {
+            match self.store.delete(Kind::Snapshot, &s.metadata.name).await {
+                Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     /// Revert `volume` to `snapshot`; see the module docs for when and how.
@@ -211,7 +362,7 @@ impl Ops {
     }
 
     /// The volume's running engine without a frontend, once it is there.
-    async fn wait_maintenance_engine(&self, volume: &str) -> OpsResult<Engine> {
+    pub(crate) async fn wait_maintenance_engine(&self, volume: &str) -> OpsResult<Engine> {
         let deadline = tokio::time::Instant::now() + MAINTENANCE_ENGINE_TIMEOUT;
         loop {
             let engines = self.store.list_as::<Engine>().await?;

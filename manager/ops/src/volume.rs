@@ -9,13 +9,21 @@
 //!   volume stuck in `creating`. The controller schedules for real afterwards.
 //! - Attach records the node in `spec.nodeId` (and `disableFrontend` for maintenance); a
 //!   volume attached elsewhere must be detached first. Detach clears both.
+//! - Attach may choose the frontend (recorded in the spec; the CSI plugin picks the one its
+//!   nodes use). A volume attached with another frontend must be detached first. A volume
+//!   still being filled from its data source (`populate`) cannot be attached: `Aborted`.
 //! - Expand grows an attached volume through its engine, then records the size; a detached
-//!   volume has no engine to grow its replicas, and is refused with what to do.
+//!   volume is grown by an engine started without a frontend for the call (`maintenance`).
+//! - A volume from a snapshot or a clone (`dataSource`) is created detached, then filled by
+//!   a copy of the snapshot's layers into its replicas (`populate`); a clone first takes a
+//!   snapshot of its source (`clone-<hash of the clone's name>`).
+//! - A volume that no disk can hold is `OutOfRange`; one that cannot be placed for another
+//!   reason (too few nodes) is `InvalidArgument`.
 
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
 use zebu_types::names::{MAINTENANCE_ANNOTATION, VOLUME_FINALIZER};
-use zebu_types::requests::{AttachVolume, CreateVolume, ExpandVolume};
+use zebu_types::requests::{AttachVolume, CreateSnapshot, CreateVolume, DataSource, ExpandVolume};
 use zebu_types::resources::{
     Engine, EngineState, Node, RebuildState, Replica, Setting, Volume, VolumeSpec,
 };
@@ -24,7 +32,9 @@ use zebu_types::size::ByteSize;
 use zebu_types::store::{ListParams, StoreError, TypedStore, WatchEvent, WatchStream, from_value};
 use zebu_types::{Kind, ResourceVersion, Store, validate_label, validate_object_name};
 
-use crate::scheduler::{ScheduleRequest, schedule};
+use crate::populate::{DATA_SOURCE_ANNOTATION, POPULATION_ANNOTATION, Population};
+use crate::scheduler::{ScheduleError, ScheduleRequest, schedule};
+use crate::snapshot::snapshot_record_name;
 use crate::{Ops, OpsError, OpsResult, engine_rpc};
 
 /// Volumes must be whole 4 KiB blocks: the frontends expose 4 KiB sectors.
@@ -119,7 +129,9 @@ impl Ops {
                 node_selector: req.node_selector,
                 disk_selector: req.disk_selector,
                 data_locality: req.data_locality.unwrap_or_default(),
-                stale_replica_timeout: settings.stale_replica_timeout,
+                stale_replica_timeout: req
+                    .stale_replica_timeout
+                    .unwrap_or(settings.stale_replica_timeout),
                 node_id: None,
                 disable_frontend: false,
             },
@@ -131,6 +143,14 @@ impl Ops {
                 name,
             }
             .into());
+        }
+        for (k, val) in req.annotations {
+            if k.starts_with("zebu.io/") {
+                return Err(OpsError::invalid(format!(
+                    "annotation {k:?}: the zebu.io/ prefix is the manager's own"
+                )));
+            }
+            volume.metadata.annotations.insert(k, val);
         }
         let nodes = self.store.list_as::<Node>().await?;
         // Replicas of a former volume of this name are going away.
@@ -148,13 +168,93 @@ impl Ops {
             settings: &settings,
             count: replicas,
         })
-        .map_err(|e| OpsError::invalid(e.to_string()))?;
+        .map_err(|e| match e {
+            ScheduleError::NoDiskFits { .. } => OpsError::OutOfRange {
+                volume: name.clone(),
+                message: e.to_string(),
+            },
+            _ => OpsError::invalid(e.to_string()),
+        })?;
+        if let Some(source) = &req.data_source {
+            let snapshot = self.resolve_data_source(&name, size, source).await?;
+            volume.metadata.annotations.insert(
+                DATA_SOURCE_ANNOTATION.into(),
+                format!("{}/{snapshot}", source.volume),
+            );
+            volume.metadata.annotations.insert(
+                POPULATION_ANNOTATION.into(),
+                Population::Copying.to_string(),
+            );
+        }
         // The volume controller drops this once the engine and replicas are gone.
         volume.metadata.finalizers.push(VOLUME_FINALIZER.into());
         volume.metadata.annotations = annotations;
         let created = self.store.create_as(&volume).await?;
         tracing::info!(volume = %created.metadata.name, size = %size, replicas, "volume created");
+        if req.data_source.is_some() {
+            self.ensure_populated(&name).await?;
+        }
         Ok(created)
+    }
+
+    /// The snapshot a new volume `name` of `size` is filled from: the one named, or one
+    /// taken of the source volume for it (a clone).
+    async fn resolve_data_source(
+        &self,
+        name: &str,
+        size: ByteSize,
+        source: &DataSource,
+    ) -> OpsResult<String> {
+        check_name("source volume", &source.volume)?;
+        let src = self.get_volume(&source.volume).await?;
+        let snapshot = match &source.snapshot {
+            Some(s) => {
+                let record = self
+                    .snapshot_record(&source.volume, s)
+                    .await?
+                    .ok_or_else(|| {
+                        OpsError::not_found(
+                            Kind::Snapshot,
+                            &snapshot_record_name(&source.volume, s),
+                        )
+                    })?;
+                let needed = record.status.volume_size.unwrap_or(src.spec.size);
+                if size < needed {
+                    return Err(OpsError::OutOfRange {
+                        volume: name.to_string(),
+                        message: format!(
+                            "volume {name:?} of {size} is smaller than snapshot {s:?} of {:?} ({needed})",
+                            source.volume
+                        ),
+                    });
+                }
+                s.clone()
+            }
+            None => {
+                if size < src.spec.size {
+                    return Err(OpsError::OutOfRange {
+                        volume: name.to_string(),
+                        message: format!(
+                            "volume {name:?} of {size} is smaller than its source {:?} ({})",
+                            source.volume, src.spec.size
+                        ),
+                    });
+                }
+                let snapshot = clone_snapshot_name(name);
+                let taken = self.snapshot_record(&source.volume, &snapshot).await?;
+                if taken.is_none() {
+                    self.create_snapshot(
+                        &source.volume,
+                        CreateSnapshot {
+                            name: Some(snapshot.clone()),
+                        },
+                    )
+                    .await?;
+                }
+                snapshot
+            }
+        };
+        Ok(snapshot)
     }
 
     /// Delete a volume: `Some` while its finalizer holds it (the controller removes the
@@ -164,6 +264,8 @@ impl Ops {
         match self.store.delete(Kind::Volume, name).await {
             Ok(held) => {
                 tracing::info!(volume = %name, "volume deleted");
+                // Its snapshots live in its replicas, which go with it.
+                self.forget_snapshots_of(name).await?;
                 Ok(held.map(from_value).transpose()?)
             }
             Err(StoreError::NotFound { .. }) => Err(OpsError::not_found(Kind::Volume, name)),
@@ -223,12 +325,31 @@ impl Ops {
             None => self.pick_node(name).await?,
         };
         let maintenance = req.maintenance;
+        let frontend = req.frontend;
         let v = self
             .edit_volume(name, |v| {
                 if v.metadata.is_deleting() {
                     return Err(OpsError::precondition(
                         name,
                         format!("volume {name:?} is being deleted"),
+                    ));
+                }
+                if let Some(p) = Population::of(v)
+                    && !p.is_done()
+                {
+                    return Err(OpsError::aborted(format!(
+                        "volume {name:?} is being filled from its data source ({p}); attach it when that is done"
+                    )));
+                }
+                if let (Some(f), Some(other)) = (frontend, v.spec.node_id.as_deref())
+                    && f != v.spec.frontend
+                {
+                    return Err(OpsError::precondition(
+                        name,
+                        format!(
+                            "volume {name:?} is attached to {other} with its {} frontend; detach it first to attach it with {f}",
+                            v.spec.frontend
+                        ),
                     ));
                 }
                 match v.spec.node_id.as_deref() {
@@ -257,12 +378,15 @@ impl Ops {
                     _ => {
                         v.spec.node_id = Some(node.clone());
                         v.spec.disable_frontend = maintenance;
+                        if let Some(f) = frontend {
+                            v.spec.frontend = f;
+                        }
                         Ok(())
                     }
                 }
             })
             .await?;
-        tracing::info!(volume = %name, node = %node, maintenance, "attach requested");
+        tracing::info!(volume = %name, node = %node, maintenance, frontend = %v.spec.frontend, "attach requested");
         Ok(v)
     }
 
@@ -310,13 +434,29 @@ impl Ops {
                 v.spec.size
             )));
         }
+        if v.spec.node_id.is_none() {
+            // Offline: an engine started without a frontend grows the replicas.
+            self.with_engine(name, "expand", |control| async move {
+                engine_rpc::expand(&control, size.bytes())
+                    .await
+                    .map_err(|source| OpsError::Engine {
+                        volume: name.to_string(),
+                        source,
+                    })
+            })
+            .await?;
+            tracing::info!(volume = %name, size = %size, "detached volume expanded by an engine started for it");
+            return self
+                .edit_volume(name, |v| {
+                    v.spec.size = v.spec.size.max(size);
+                    Ok(())
+                })
+                .await;
+        }
         let Some(engine) = self.running_engine(name).await? else {
-            return Err(OpsError::precondition(
-                name,
-                format!(
-                    "volume {name:?} is not attached: it is expanded by its engine; attach it (zebu volume attach {name} --maintenance), expand it, then detach it"
-                ),
-            ));
+            return Err(OpsError::aborted(format!(
+                "volume {name:?} is attaching: it is expanded by its engine, which is not running yet; try again"
+            )));
         };
         if engine
             .status
@@ -468,6 +608,17 @@ impl Ops {
         }
         Ok((volume, changes.boxed()))
     }
+}
+
+/// The snapshot of a source volume taken for its clone `name`: a label whatever `name` is
+/// (a volume name is at most 63 characters), and the same on every retry.
+fn clone_snapshot_name(name: &str) -> String {
+    // FNV-1a: stable across processes and versions, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("clone-{h:016x}")
 }
 
 fn with_frontend(disabled: bool) -> &'static str {

@@ -86,7 +86,11 @@ pub async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Res
             no_wait,
             timeout,
         } => {
-            let req = AttachVolume { node, maintenance };
+            let req = AttachVolume {
+                node,
+                maintenance,
+                frontend: None,
+            };
             let v = client.attach_volume(&name, &req).await?;
             if no_wait {
                 return render::one(out, &v, render::volume_table);

@@ -94,6 +94,7 @@ async fn provide_volume(api: SocketAddr, nodes: u8, vol: UpVolume) -> anyhow::Re
         let req = AttachVolume {
             node: Some("node-1".into()),
             maintenance: false,
+            frontend: None,
         };
         client
             .attach_volume(&vol.name, &req)

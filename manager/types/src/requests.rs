@@ -93,6 +93,27 @@ pub struct CreateVolume {
     pub disk_selector: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_locality: Option<DataLocality>,
+    /// Seconds a failed replica is kept for reuse; `None`: the cluster setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_replica_timeout: Option<u64>,
+    /// Fill the new volume with a snapshot's data (or a volume's, through a snapshot taken
+    /// for it) before it can be attached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_source: Option<DataSource>,
+    /// Annotations recorded on the Volume (e.g. the CSI plugin's resolved parameters).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Where a new volume's data comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataSource {
+    pub volume: String,
+    /// A snapshot of `volume`; `None` clones the volume as it is now (through a snapshot
+    /// taken for the clone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 impl CreateVolume {
@@ -106,6 +127,9 @@ impl CreateVolume {
             node_selector: vec![],
             disk_selector: vec![],
             data_locality: None,
+            stale_replica_timeout: None,
+            data_source: None,
+            annotations: BTreeMap::new(),
         }
     }
 }
@@ -120,6 +144,9 @@ pub struct AttachVolume {
     /// Start the engine without a frontend (for a snapshot revert).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub maintenance: bool,
+    /// Serve the volume with this frontend (recorded in its spec); `None`: the one it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frontend: Option<Frontend>,
 }
 
 /// `POST /v1/volumes/{name}/expand`.
@@ -151,6 +178,17 @@ pub struct SnapshotInfo {
     pub data_bytes: u64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+}
+
+/// `GET /v1/capacity`: what new replicas can still take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Capacity {
+    /// Bytes free for new replicas on the schedulable disks of the nodes asked about
+    /// (each disk's free bytes less its reserve, at least 0).
+    pub available: ByteSize,
+    /// The largest replica one of those disks can take now: the largest volume that fits.
+    pub maximum_volume_size: ByteSize,
 }
 
 /// `{"items": [...]}`, as Kubernetes lists are.

@@ -2,8 +2,9 @@
 //!
 //! The snapshot itself lives in the replicas' layer chains (the engine takes it on every
 //! replica at once); this object is how a cluster names and tracks it, e.g. for a CSI
-//! `VolumeSnapshot` or a backup. Its controller comes with the CSI work; the type comes now
-//! so that stores, CRDs and ops agree on it.
+//! `VolumeSnapshot` or a backup. The ops layer writes one for every snapshot it takes
+//! (named `<volume>.<snapshot>`) and deletes it with the snapshot or the volume, so
+//! snapshots of detached volumes can be listed without starting their engines.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -39,6 +40,9 @@ pub struct SnapshotStatus {
     /// Bytes of data the snapshot's layer holds.
     #[serde(default)]
     pub size: ByteSize,
+    /// The volume's size when it was taken: the smallest volume it can be restored into.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_size: Option<ByteSize>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error: String,
 }

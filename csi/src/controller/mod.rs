@@ -1,0 +1,778 @@
+//! The CSI Controller service, over the manager's REST API (the typed client of
+//! `zebu-manager`), so it works against `zebu up` on one host and a cluster's manager
+//! alike, with the same rules as the `zebu` CLI: every decision is the ops layer's.
+//!
+//! **Quick answers.** A call never blocks for minutes: it asks the manager for the change,
+//! then waits for the result at most the call budget (`--call-budget`, default 10 s, below
+//! the sidecars' own timeouts). When the work is not done by then (an engine still
+//! starting, a clone still copying) it answers `Aborted` with what it waits for, and the
+//! sidecar calls again; the repeated call finds the work under way (every call is
+//! idempotent) and waits again. Longhorn's plugin instead polls for up to 90 s inside one
+//! call.
+//!
+//! **Publish** attaches the volume's engine on the node with the frontend this controller
+//! was started for (`--attach iscsi` → the iSCSI target, `--attach nbdfuse` → NBD), and
+//! answers the portal and IQN (or the NBD URI) in the publish context, with `frontend`
+//! saying which. A volume published to another node is `FailedPrecondition`; unpublishing
+//! it (also from a node that is down: the new engine's generation fences the old one) lets
+//! the next publish go ahead.
+
+mod convert;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tonic::{Request, Response, Status};
+use zebu_manager::client::{Client, ClientError};
+use zebu_proto::csi;
+use zebu_proto::csi::controller_service_capability::rpc::Type as Cap;
+use zebu_proto::csi::volume_content_source::Type as Source;
+use zebu_types::requests::{AttachVolume, CreateSnapshot, CreateVolume, DataSource, ExpandVolume};
+use zebu_types::resources::{Frontend, Volume, VolumeState};
+use zebu_types::size::ByteSize;
+
+use crate::caps;
+use crate::names::{self, CSI_NAME_ANNOTATION, SnapshotId};
+use crate::node::attach::AttachMode;
+use crate::node::{TOPOLOGY_NODE_KEY, TOPOLOGY_ZONE_KEY};
+use crate::params::Params;
+pub use convert::{DEFAULT_SIZE, FS_TYPE_ANNOTATION, MKFS_PARAMS_ANNOTATION, api_status};
+use convert::{csi_snapshot, csi_volume, fits, page, publish_context, published_node, size_for};
+use zebu_ops::{DATA_SOURCE_ANNOTATION, Population, SNAPSHOT_NAME_ANNOTATION};
+
+const POLL: Duration = Duration::from_millis(50);
+
+pub struct ControllerService {
+    client: Client,
+    attach: AttachMode,
+    budget: Duration,
+}
+
+fn required<'a>(v: &'a str, what: &str) -> Result<&'a str, Status> {
+    if v.is_empty() {
+        Err(Status::invalid_argument(format!("{what} is required")))
+    } else {
+        Ok(v)
+    }
+}
+
+fn is_not_found(e: &ClientError) -> bool {
+    matches!(e, ClientError::Api { status, .. } if status.as_u16() == 404)
+}
+
+impl ControllerService {
+    pub fn new(client: Client, attach: AttachMode, budget: Duration) -> Self {
+        ControllerService {
+            client,
+            attach,
+            budget,
+        }
+    }
+
+    fn frontend(&self) -> Frontend {
+        match self.attach {
+            AttachMode::Iscsi => Frontend::Iscsi,
+            AttachMode::Nbdfuse => Frontend::Nbd,
+        }
+    }
+
+    /// The volume a CSI id names, `None` when there is none (or the id names nothing).
+    async fn find_volume(&self, id: &str) -> Result<Option<Volume>, Status> {
+        let Some(name) = names::volume_of_id(id) else {
+            return Ok(None);
+        };
+        self.client.find_volume(name).await.map_err(api_status)
+    }
+
+    async fn volume(&self, id: &str) -> Result<Volume, Status> {
+        self.find_volume(id)
+            .await?
+            .ok_or_else(|| Status::not_found(format!("volume {id:?} not found")))
+    }
+
+    /// Poll `volume` until `done` says so, at most the call budget; the last state seen.
+    async fn wait(
+        &self,
+        volume: &str,
+        done: impl Fn(&Volume) -> bool,
+    ) -> Result<(bool, Option<Volume>), Status> {
+        let deadline = tokio::time::Instant::now() + self.budget;
+        loop {
+            let v = self.client.find_volume(volume).await.map_err(api_status)?;
+            if v.as_ref().is_some_and(&done) {
+                return Ok((true, v));
+            }
+            if tokio::time::Instant::now() >= deadline || v.is_none() {
+                return Ok((false, v));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Wait for a volume's copy from its data source; `Aborted` while it runs.
+    async fn wait_populated(&self, volume: &str) -> Result<Volume, Status> {
+        let state = self
+            .client
+            .populate_volume(volume)
+            .await
+            .map_err(api_status)?;
+        if state.is_none() {
+            return self.volume(volume).await;
+        }
+        let (done, v) = self
+            .wait(volume, |v| Population::of(v).is_some_and(|p| p.is_done()))
+            .await?;
+        match (done, v) {
+            (true, Some(v)) => Ok(v),
+            (_, Some(v)) => Err(Status::aborted(format!(
+                "volume {volume} is being filled from its data source ({}); try again",
+                Population::of(&v).map_or("copying".to_string(), |p| p.to_string())
+            ))),
+            (_, None) => Err(Status::aborted(format!(
+                "volume {volume} is gone; try again"
+            ))),
+        }
+    }
+
+    fn data_source(req: &csi::CreateVolumeRequest) -> Result<Option<DataSource>, Status> {
+        let Some(src) = req
+            .volume_content_source
+            .as_ref()
+            .and_then(|s| s.r#type.as_ref())
+        else {
+            return Ok(None);
+        };
+        Ok(Some(match src {
+            Source::Snapshot(s) => {
+                let id = SnapshotId::parse(&s.snapshot_id).ok_or_else(|| {
+                    Status::not_found(format!("snapshot {:?} not found", s.snapshot_id))
+                })?;
+                DataSource {
+                    volume: id.volume,
+                    snapshot: Some(id.snapshot),
+                }
+            }
+            Source::Volume(v) => {
+                let name = names::volume_of_id(&v.volume_id).ok_or_else(|| {
+                    Status::not_found(format!("source volume {:?} not found", v.volume_id))
+                })?;
+                DataSource {
+                    volume: name.to_string(),
+                    snapshot: None,
+                }
+            }
+        }))
+    }
+}
+
+fn data_source_of(v: &Volume) -> Option<&str> {
+    v.metadata
+        .annotations
+        .get(DATA_SOURCE_ANNOTATION)
+        .map(String::as_str)
+}
+
+#[tonic::async_trait]
+impl csi::controller_server::Controller for ControllerService {
+    async fn create_volume(
+        &self,
+        request: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let csi_name = required(&req.name, "name")?.to_string();
+        caps::check_all(&req.volume_capabilities).map_err(Status::invalid_argument)?;
+        let params =
+            Params::parse(&req.parameters).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        for c in &req.volume_capabilities {
+            if let (Some(csi::volume_capability::AccessType::Mount(m)), Some(fs)) =
+                (&c.access_type, &params.fs_type)
+                && !m.fs_type.is_empty()
+                && &m.fs_type != fs
+            {
+                return Err(Status::invalid_argument(format!(
+                    "StorageClass parameter \"fsType\" is {fs} but the volume capability asks for {}",
+                    m.fs_type
+                )));
+            }
+        }
+        let size = size_for(req.capacity_range.as_ref())?;
+        let source = Self::data_source(&req)?;
+        let volume = names::volume_name(&csi_name);
+        let wanted_source = source
+            .as_ref()
+            .map(|s| (s.volume.clone(), s.snapshot.clone()));
+        let existing = self.client.find_volume(&volume).await.map_err(api_status)?;
+        let v = match existing {
+            Some(v) => {
+                let theirs = v.metadata.annotations.get(CSI_NAME_ANNOTATION);
+                if theirs.is_some_and(|n| n != &csi_name) {
+                    return Err(Status::already_exists(format!(
+                        "volume {volume} belongs to CSI volume {:?}, not {csi_name:?}",
+                        theirs.map(String::as_str).unwrap_or_default()
+                    )));
+                }
+                if !fits(v.spec.size.bytes(), req.capacity_range.as_ref()) {
+                    return Err(Status::already_exists(format!(
+                        "volume {csi_name:?} exists with {} bytes, which the requested capacity range does not allow",
+                        v.spec.size.bytes()
+                    )));
+                }
+                let has_source = data_source_of(&v).is_some();
+                let same_source = match (&wanted_source, data_source_of(&v)) {
+                    (None, None) => true,
+                    (Some((vol, Some(snap))), Some(s)) => s == format!("{vol}/{snap}"),
+                    (Some((vol, None)), Some(s)) => s.starts_with(&format!("{vol}/")),
+                    _ => false,
+                };
+                if !same_source {
+                    return Err(Status::already_exists(format!(
+                        "volume {csi_name:?} exists with another content source ({})",
+                        data_source_of(&v).unwrap_or("none")
+                    )));
+                }
+                if v.metadata.is_deleting() {
+                    return Err(Status::aborted(format!(
+                        "volume {csi_name:?} is being deleted; try again"
+                    )));
+                }
+                if has_source {
+                    self.wait_populated(&volume).await?
+                } else {
+                    v
+                }
+            }
+            None => {
+                let mut create = CreateVolume::new(volume.clone(), ByteSize(size));
+                params.apply(&mut create);
+                create.data_source = source.clone();
+                create
+                    .annotations
+                    .insert(CSI_NAME_ANNOTATION.into(), csi_name.clone());
+                if let Some(fs) = &params.fs_type {
+                    create
+                        .annotations
+                        .insert(FS_TYPE_ANNOTATION.into(), fs.clone());
+                }
+                if let Some(m) = &params.mkfs_params {
+                    create
+                        .annotations
+                        .insert(MKFS_PARAMS_ANNOTATION.into(), m.clone());
+                }
+                let v = match self.client.create_volume(&create).await {
+                    Ok(v) => v,
+                    // A retry raced the first call: the volume is there now.
+                    Err(ClientError::Api { status, .. }) if status.as_u16() == 409 => {
+                        self.volume(&volume).await?
+                    }
+                    Err(e) => return Err(api_status(e)),
+                };
+                tracing::info!(volume, csi_name, size, "volume created");
+                if source.is_some() {
+                    self.wait_populated(&volume).await?
+                } else {
+                    v
+                }
+            }
+        };
+        Ok(Response::new(csi::CreateVolumeResponse {
+            volume: Some(csi_volume(&v, req.volume_content_source.clone())),
+        }))
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = required(&req.volume_id, "volume_id")?;
+        let Some(v) = self.find_volume(id).await? else {
+            return Ok(Response::new(csi::DeleteVolumeResponse {}));
+        };
+        if let Some(node) = published_node(&v) {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is published to node {node}; unpublish it first"
+            )));
+        }
+        if v.spec.node_id.is_some() {
+            return Err(Status::aborted(format!(
+                "volume {id} is held without its frontend by an operation (a snapshot or an expansion); try again"
+            )));
+        }
+        match self.client.delete_volume(id).await {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(api_status(e)),
+        }
+        // Deletion is committed (the finalizer removes the replicas and their directories);
+        // wait a little so a quick delete answers with the volume gone.
+        let _ = self.wait(id, |_| false).await;
+        tracing::info!(volume = id, "volume deleted");
+        Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        request: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = required(&req.volume_id, "volume_id")?;
+        let node = required(&req.node_id, "node_id")?;
+        let cap = req
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
+        caps::check(cap).map_err(Status::invalid_argument)?;
+        let v = self.volume(id).await?;
+        let nodes = self.client.list_nodes().await.map_err(api_status)?;
+        if !nodes.items.iter().any(|n| n.metadata.name == node) {
+            return Err(Status::not_found(format!("node {node:?} not found")));
+        }
+        if v.spec.node_id.is_some() && v.spec.disable_frontend {
+            return Err(Status::aborted(format!(
+                "volume {id} is held without its frontend by an operation (a snapshot or an expansion); try again"
+            )));
+        }
+        if let Some(other) = published_node(&v)
+            && other != node
+        {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is published to node {other}; unpublish it there first"
+            )));
+        }
+        let attach = AttachVolume {
+            node: Some(node.to_string()),
+            maintenance: false,
+            frontend: Some(self.frontend()),
+        };
+        self.client
+            .attach_volume(id, &attach)
+            .await
+            .map_err(api_status)?;
+        let (done, last) = self
+            .wait(id, |v| {
+                v.status.current_node.as_deref() == Some(node) && publish_context(v).is_some()
+            })
+            .await?;
+        let v = match (done, last) {
+            (true, Some(v)) => v,
+            (_, last) => {
+                return Err(Status::aborted(format!(
+                    "volume {id} is attaching to node {node} ({}); try again",
+                    last.map_or("gone".to_string(), |v| format!(
+                        "state {}{}",
+                        v.status.state.as_str(),
+                        v.status
+                            .endpoint
+                            .map(|e| format!(", endpoint {e}"))
+                            .unwrap_or_default()
+                    ))
+                )));
+            }
+        };
+        let ctx = publish_context(&v).unwrap_or_default();
+        tracing::info!(volume = id, node, frontend = %self.frontend(), "published");
+        Ok(Response::new(csi::ControllerPublishVolumeResponse {
+            publish_context: ctx,
+        }))
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        request: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = required(&req.volume_id, "volume_id")?;
+        let Some(v) = self.find_volume(id).await? else {
+            return Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}));
+        };
+        let Some(published) = published_node(&v).map(str::to_string) else {
+            return Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}));
+        };
+        if !req.node_id.is_empty() && req.node_id != published {
+            return Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}));
+        }
+        self.client.detach_volume(id).await.map_err(api_status)?;
+        let nodes = self.client.list_nodes().await.map_err(api_status)?;
+        let node_up = nodes
+            .items
+            .iter()
+            .any(|n| n.metadata.name == published && n.is_ready());
+        if !node_up {
+            // Nothing can detach on a node that is down. The next engine's generation fences
+            // the old one, so the volume may be published elsewhere at once.
+            tracing::warn!(volume = id, node = %published, "unpublished from a node that is not ready");
+            return Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}));
+        }
+        let (done, last) = self
+            .wait(id, |v| {
+                v.spec.node_id.is_some()
+                    || matches!(
+                        v.status.state,
+                        VolumeState::Detached | VolumeState::Creating
+                    )
+            })
+            .await?;
+        if !done && last.is_some() {
+            return Err(Status::aborted(format!(
+                "volume {id} is detaching from node {published}; try again"
+            )));
+        }
+        tracing::info!(volume = id, node = %published, "unpublished");
+        Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        request: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        let req = request.into_inner();
+        let id = required(&req.volume_id, "volume_id")?;
+        if req.volume_capabilities.is_empty() {
+            return Err(Status::invalid_argument("volume_capabilities is required"));
+        }
+        let v = self.volume(id).await?;
+        let verdict = caps::check_all(&req.volume_capabilities).and_then(|()| {
+            Params::parse(&req.parameters)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
+        Ok(Response::new(match verdict {
+            Ok(()) => csi::ValidateVolumeCapabilitiesResponse {
+                confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                    volume_context: convert::volume_context(&v),
+                    volume_capabilities: req.volume_capabilities,
+                    parameters: req.parameters,
+                    mutable_parameters: HashMap::new(),
+                }),
+                message: String::new(),
+            },
+            Err(why) => csi::ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message: why,
+            },
+        }))
+    }
+
+    async fn list_volumes(
+        &self,
+        request: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        let req = request.into_inner();
+        let volumes = self.client.list_volumes().await.map_err(api_status)?.items;
+        let items = volumes
+            .into_iter()
+            .filter(|v| !v.metadata.is_deleting())
+            .map(|v| {
+                let entry = csi::list_volumes_response::Entry {
+                    volume: Some(csi_volume(&v, None)),
+                    status: Some(csi::list_volumes_response::VolumeStatus {
+                        published_node_ids: published_node(&v)
+                            .map(str::to_string)
+                            .into_iter()
+                            .collect(),
+                        volume_condition: Some(convert::condition(&v)),
+                    }),
+                };
+                (v.metadata.name, entry)
+            })
+            .collect();
+        let (entries, next_token) = page(items, &req.starting_token, req.max_entries)?;
+        Ok(Response::new(csi::ListVolumesResponse {
+            entries,
+            next_token,
+        }))
+    }
+
+    async fn get_capacity(
+        &self,
+        request: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        let req = request.into_inner();
+        Params::parse(&req.parameters).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if caps::check_all(&req.volume_capabilities).is_err() && !req.volume_capabilities.is_empty()
+        {
+            // The spec: capacity for capabilities the plugin cannot serve is 0.
+            return Ok(Response::new(csi::GetCapacityResponse::default()));
+        }
+        let segments = req
+            .accessible_topology
+            .map(|t| t.segments)
+            .unwrap_or_default();
+        for k in segments.keys() {
+            if k != TOPOLOGY_NODE_KEY && k != TOPOLOGY_ZONE_KEY {
+                return Err(Status::invalid_argument(format!(
+                    "topology key {k:?} is not one of {TOPOLOGY_NODE_KEY}, {TOPOLOGY_ZONE_KEY}"
+                )));
+            }
+        }
+        let c = self
+            .client
+            .capacity(
+                segments.get(TOPOLOGY_NODE_KEY).map(String::as_str),
+                segments.get(TOPOLOGY_ZONE_KEY).map(String::as_str),
+            )
+            .await
+            .map_err(api_status)?;
+        Ok(Response::new(csi::GetCapacityResponse {
+            available_capacity: c.available.bytes() as i64,
+            maximum_volume_size: Some(c.maximum_volume_size.bytes() as i64),
+            minimum_volume_size: Some(4096),
+        }))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _request: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        let capabilities = [
+            Cap::CreateDeleteVolume,
+            Cap::PublishUnpublishVolume,
+            Cap::ListVolumes,
+            Cap::GetCapacity,
+            Cap::CreateDeleteSnapshot,
+            Cap::ListSnapshots,
+            Cap::CloneVolume,
+            Cap::ExpandVolume,
+            Cap::ListVolumesPublishedNodes,
+            Cap::VolumeCondition,
+            Cap::GetVolume,
+            Cap::SingleNodeMultiWriter,
+        ]
+        .into_iter()
+        .map(|t| csi::ControllerServiceCapability {
+            r#type: Some(csi::controller_service_capability::Type::Rpc(
+                csi::controller_service_capability::Rpc { r#type: t as i32 },
+            )),
+        })
+        .collect();
+        Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+
+    async fn create_snapshot(
+        &self,
+        request: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        let req = request.into_inner();
+        let source = required(&req.source_volume_id, "source_volume_id")?;
+        let csi_name = required(&req.name, "name")?;
+        if !req.parameters.is_empty() {
+            let keys: Vec<&String> = req.parameters.keys().collect();
+            // `type: backup` comes with the backup store (issue 16); nothing else is known.
+            return Err(Status::invalid_argument(format!(
+                "VolumeSnapshotClass parameters {keys:?} are not known (snapshots take none yet; \"type: backup\" needs the backup store)"
+            )));
+        }
+        let snap = names::label_for(csi_name);
+        let records = self
+            .client
+            .list_snapshot_records(None)
+            .await
+            .map_err(api_status)?
+            .items;
+        let mine = |r: &zebu_types::resources::Snapshot| {
+            r.metadata
+                .annotations
+                .get(SNAPSHOT_NAME_ANNOTATION)
+                .map(String::as_str)
+                == Some(snap.as_str())
+        };
+        if let Some(r) = records.iter().find(|r| mine(r)) {
+            if r.spec.volume != source {
+                return Err(Status::already_exists(format!(
+                    "snapshot {csi_name:?} exists already, of volume {}",
+                    r.spec.volume
+                )));
+            }
+            return Ok(Response::new(csi::CreateSnapshotResponse {
+                snapshot: Some(csi_snapshot(r, &snap)),
+            }));
+        }
+        let volume = self.volume(source).await?;
+        let req = CreateSnapshot {
+            name: Some(snap.clone()),
+        };
+        match self
+            .client
+            .create_snapshot(&volume.metadata.name, &req)
+            .await
+        {
+            Ok(_) => {}
+            Err(ClientError::Api { status, .. }) if status.as_u16() == 409 => {
+                // Taken by a call that raced this one; its record says.
+            }
+            Err(e) => return Err(api_status(e)),
+        }
+        let record = self
+            .client
+            .list_snapshot_records(Some(&volume.metadata.name))
+            .await
+            .map_err(api_status)?
+            .items
+            .into_iter()
+            .find(|r| mine(r))
+            .ok_or_else(|| {
+                Status::aborted(format!(
+                    "snapshot {csi_name:?} of {source} is being taken; try again"
+                ))
+            })?;
+        tracing::info!(volume = source, snapshot = %snap, csi_name, "snapshot taken");
+        Ok(Response::new(csi::CreateSnapshotResponse {
+            snapshot: Some(csi_snapshot(&record, &snap)),
+        }))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        let req = request.into_inner();
+        let id = required(&req.snapshot_id, "snapshot_id")?;
+        let Some(sid) = SnapshotId::parse(id) else {
+            return Ok(Response::new(csi::DeleteSnapshotResponse {}));
+        };
+        let exists = self
+            .client
+            .list_snapshot_records(Some(&sid.volume))
+            .await
+            .map_err(api_status)?
+            .items
+            .iter()
+            .any(|r| r.metadata.annotations.get(SNAPSHOT_NAME_ANNOTATION) == Some(&sid.snapshot));
+        if !exists {
+            return Ok(Response::new(csi::DeleteSnapshotResponse {}));
+        }
+        match self
+            .client
+            .delete_snapshot(&sid.volume, &sid.snapshot)
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(api_status(e)),
+        }
+        tracing::info!(snapshot = %sid, "snapshot deleted");
+        Ok(Response::new(csi::DeleteSnapshotResponse {}))
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        let req = request.into_inner();
+        let wanted = if req.snapshot_id.is_empty() {
+            None
+        } else {
+            match SnapshotId::parse(&req.snapshot_id) {
+                Some(s) => Some(s),
+                None => return Ok(Response::new(csi::ListSnapshotsResponse::default())),
+            }
+        };
+        let volume = match (&wanted, req.source_volume_id.as_str()) {
+            (Some(s), _) => Some(s.volume.clone()),
+            (None, "") => None,
+            (None, v) => match names::volume_of_id(v) {
+                Some(v) => Some(v.to_string()),
+                None => return Ok(Response::new(csi::ListSnapshotsResponse::default())),
+            },
+        };
+        let records = self
+            .client
+            .list_snapshot_records(volume.as_deref())
+            .await
+            .map_err(api_status)?
+            .items;
+        let items = records
+            .into_iter()
+            .filter(|r| req.source_volume_id.is_empty() || r.spec.volume == req.source_volume_id)
+            .filter_map(|r| {
+                let snap = r
+                    .metadata
+                    .annotations
+                    .get(SNAPSHOT_NAME_ANNOTATION)?
+                    .clone();
+                if wanted.as_ref().is_some_and(|w| w.snapshot != snap) {
+                    return None;
+                }
+                let entry = csi::list_snapshots_response::Entry {
+                    snapshot: Some(csi_snapshot(&r, &snap)),
+                };
+                Some((format!("{}/{snap}", r.spec.volume), entry))
+            })
+            .collect();
+        let (entries, next_token) = page(items, &req.starting_token, req.max_entries)?;
+        Ok(Response::new(csi::ListSnapshotsResponse {
+            entries,
+            next_token,
+        }))
+    }
+
+    async fn get_snapshot(
+        &self,
+        _request: Request<csi::GetSnapshotRequest>,
+    ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
+        Err(Status::unimplemented(
+            "GetSnapshot is not offered (no GET_SNAPSHOT capability)",
+        ))
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        request: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = required(&req.volume_id, "volume_id")?;
+        let range = req
+            .capacity_range
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("capacity_range is required"))?;
+        let size = size_for(Some(range))?;
+        let v = self.volume(id).await?;
+        let node_expansion_required = caps::needs_node_expansion(req.volume_capability.as_ref());
+        if v.spec.size.bytes() >= size {
+            return Ok(Response::new(csi::ControllerExpandVolumeResponse {
+                capacity_bytes: v.spec.size.bytes() as i64,
+                node_expansion_required,
+            }));
+        }
+        let expand = ExpandVolume {
+            size: ByteSize(size).into(),
+        };
+        let v = self
+            .client
+            .expand_volume(id, &expand)
+            .await
+            .map_err(api_status)?;
+        tracing::info!(volume = id, size, "volume expanded");
+        Ok(Response::new(csi::ControllerExpandVolumeResponse {
+            capacity_bytes: v.spec.size.bytes() as i64,
+            node_expansion_required,
+        }))
+    }
+
+    async fn controller_get_volume(
+        &self,
+        request: Request<csi::ControllerGetVolumeRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = required(&req.volume_id, "volume_id")?;
+        let v = self.volume(id).await?;
+        Ok(Response::new(csi::ControllerGetVolumeResponse {
+            volume: Some(csi_volume(&v, None)),
+            status: Some(csi::controller_get_volume_response::VolumeStatus {
+                published_node_ids: published_node(&v).map(str::to_string).into_iter().collect(),
+                volume_condition: Some(convert::condition(&v)),
+            }),
+        }))
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        _request: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        Err(Status::unimplemented(
+            "ControllerModifyVolume is not offered (no MODIFY_VOLUME capability)",
+        ))
+    }
+}

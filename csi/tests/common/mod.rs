@@ -1,0 +1,361 @@
+//! Shared by the CSI tests: a real `zebu up`, a real `zebu-csi` on a Unix socket, and the
+//! tools built by `tests/k8s/tools.sh` (csi-sanity, the sidecars).
+//!
+//! Binaries: `ZEBU_BIN_DIR` when set (as `tests/run.sh` sets it), else the `target/<profile>`
+//! directory of this test, after a `cargo build` of the binaries `zebu up` starts, so they
+//! are never stale.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The directory with `zebu`, `zebu-engine`, `zebu-replica` and `zebu-csi`.
+pub fn bin_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Some(d) = std::env::var_os("ZEBU_BIN_DIR") {
+            return PathBuf::from(d);
+        }
+        let exe = std::env::current_exe().expect("the test executable has a path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test executable lives in target/<profile>/deps")
+            .to_path_buf();
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("the csi crate lives in the workspace");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .current_dir(workspace)
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "zebu-manager",
+                "-p",
+                "zebu-engine",
+                "-p",
+                "zebu-replica",
+                "-p",
+                "zebu-csi",
+                "--bins",
+            ])
+            .status()
+            .expect("running cargo build");
+        assert!(
+            status.success(),
+            "cargo build of the zebu binaries: {status}"
+        );
+        profile_dir
+    })
+    .clone()
+}
+
+/// A tool from the tests/k8s cache (`tests/k8s/tools.sh which NAME`). `tests/run.sh`
+/// builds them before the Rust tests; a missing tool fails the test with what to run.
+pub fn k8s_tool(name: &str) -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/k8s/tools.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["which", name])
+        .output()
+        .expect("running tests/k8s/tools.sh");
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        out.status.success() && !path.is_empty() && Path::new(&path).exists(),
+        "{name} is not built: run `tests/k8s/tools.sh csi` (tests/run.sh does): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(path)
+}
+
+/// A child killed (SIGKILL) and reaped on drop, its output in a log file.
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+    pub name: String,
+}
+
+impl Proc {
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then a bounded wait, then SIGKILL.
+    pub fn stop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let pid = self.child.id().cast_signed();
+            // SAFETY: kill(2) on our own child's pid, which is not reaped yet.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `program args` with stdout and stderr in `log`.
+pub fn spawn(name: &str, program: &Path, args: &[String], log: &Path) -> Proc {
+    let out = std::fs::File::create(log).expect("log file");
+    let err = out.try_clone().expect("log file");
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
+    Proc {
+        child,
+        log: log.to_path_buf(),
+        name: name.to_string(),
+    }
+}
+
+/// A running `zebu up`; on drop it is killed and so is every engine and replica it
+/// started (they are found by the data directory on their command line).
+pub struct Up {
+    child: Option<Child>,
+    pub api: String,
+    pub dir: PathBuf,
+}
+
+impl Up {
+    /// `zebu up --nodes N` on `dir`; returns once the N nodes are ready.
+    pub fn start(dir: &Path, nodes: u8) -> Up {
+        let log = std::fs::File::create(dir.join("up.log")).expect("log");
+        let mut child = Command::new(bin_dir().join("zebu"))
+            .args([
+                "up",
+                "--nodes",
+                &nodes.to_string(),
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            // Shared CI disks are often fuller than the default reserve allows.
+            .args(["--setting", "storage-minimal-available-percentage=0"])
+            .arg("--data-dir")
+            .arg(dir)
+            .env(
+                "ZEBU_LOG",
+                "zebu_manager=info,zebu_ops=info,zebu_controllers=info,zebu_agent=info",
+            )
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn zebu up");
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut first)
+            .expect("read zebu up's first line");
+        let api = first
+            .trim()
+            .strip_prefix("zebu API listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .to_string();
+        let up = Up {
+            child: Some(child),
+            api,
+            dir: dir.to_path_buf(),
+        };
+        up.wait_nodes(usize::from(nodes));
+        up
+    }
+
+    pub fn zebu(&self, args: &[&str]) -> std::process::Output {
+        Command::new(bin_dir().join("zebu"))
+            .args(args)
+            .env("ZEBU_API", &self.api)
+            .output()
+            .expect("run zebu")
+    }
+
+    /// `zebu ARGS -o json`, which must succeed.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        let out = self.zebu(&all);
+        assert!(
+            out.status.success(),
+            "zebu {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json output")
+    }
+
+    fn wait_nodes(&self, count: usize) {
+        wait_for("the nodes to be ready", 60, || {
+            let out = self.zebu(&["node", "ls", "-o", "json"]);
+            if !out.status.success() {
+                return false;
+            }
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let ready = v
+                .as_array()
+                .or_else(|| v.get("items").and_then(|i| i.as_array()))
+                .map_or(0, |items| {
+                    items
+                        .iter()
+                        .filter(|n| {
+                            n.pointer("/status/conditions")
+                                .and_then(|c| c.as_array())
+                                .is_some_and(|c| {
+                                    c.iter().any(|c| {
+                                        c.get("type").and_then(|t| t.as_str()) == Some("Ready")
+                                            && c.get("status").and_then(|s| s.as_str())
+                                                == Some("True")
+                                    })
+                                })
+                        })
+                        .count()
+                });
+            ready >= count
+        });
+    }
+
+    /// The replica directories on every node's disks (`node-N/DISK/replicas/*`).
+    pub fn replica_dirs(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        let Ok(nodes) = std::fs::read_dir(&self.dir) else {
+            return out;
+        };
+        for n in nodes.flatten() {
+            if !n.file_name().to_string_lossy().starts_with("node-") {
+                continue;
+            }
+            let Ok(disks) = std::fs::read_dir(n.path()) else {
+                continue;
+            };
+            for d in disks.flatten() {
+                if let Ok(r) = std::fs::read_dir(d.path().join("replicas")) {
+                    out.extend(r.flatten().map(|e| e.path()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // The data plane outlives a killed manager on purpose; a test must not leak it.
+        let needle = self.dir.to_string_lossy().into_owned();
+        if let Ok(procs) = std::fs::read_dir("/proc") {
+            for p in procs.flatten() {
+                let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                    continue;
+                };
+                let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                let ours = cmdline.contains(&needle)
+                    && (cmdline.contains("zebu-engine") || cmdline.contains("zebu-replica"));
+                if ours {
+                    // SAFETY: kill(2) with a pid read from /proc; at worst it is gone.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Poll `f` every 100 ms for `secs` seconds; panics naming `what` if it never holds.
+pub fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(secs) {
+        if f() {
+            return t0.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out after {secs} s waiting for {what}");
+}
+
+/// A running `zebu-csi` on a Unix socket in `dir`.
+pub struct Plugin {
+    pub proc: Proc,
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+}
+
+impl Plugin {
+    /// `zebu-csi --controller --node --attach nbdfuse` for `node` against `api`.
+    pub fn start(dir: &Path, api: &str, node: &str, extra: &[&str]) -> Plugin {
+        let socket = dir.join("csi.sock");
+        let state_dir = dir.join("csi-state");
+        let mut args: Vec<String> = vec![
+            "--endpoint".into(),
+            format!("unix://{}", socket.display()),
+            "--api".into(),
+            api.into(),
+            "--node-id".into(),
+            node.into(),
+            "--state-dir".into(),
+            state_dir.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let proc = spawn(
+            "zebu-csi",
+            &bin_dir().join("zebu-csi"),
+            &args,
+            &dir.join("zebu-csi.log"),
+        );
+        wait_for("zebu-csi's socket", 30, || socket.exists());
+        Plugin {
+            proc,
+            socket,
+            state_dir,
+        }
+    }
+}
+
+/// Mounts under `dir` (what a test must not leave behind), from /proc/self/mountinfo.
+pub fn mounts_under(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let d = dir.to_string_lossy().into_owned();
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&d))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Loop devices backed by files under `dir`.
+pub fn loops_under(dir: &Path) -> Vec<String> {
+    let out = Command::new("losetup")
+        .args(["-l", "-n", "-O", "NAME,BACK-FILE"])
+        .output()
+        .expect("losetup");
+    let d = dir.to_string_lossy().into_owned();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&d))
+        .map(str::to_string)
+        .collect()
+}
