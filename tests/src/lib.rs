@@ -378,7 +378,13 @@ impl DataStream {
 
     pub async fn write(&mut self, offset: u64, data: impl Into<Bytes>) -> anyhow::Result<()> {
         let data = data.into();
-        let r = self.call(Op::Write(WriteOp { offset, data })).await?;
+        let r = self
+            .call(Op::Write(WriteOp {
+                offset,
+                data,
+                crc32c: Vec::new(),
+            }))
+            .await?;
         check(&r)
     }
 

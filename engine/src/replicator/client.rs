@@ -241,7 +241,7 @@ impl GrpcDataPath {
             pb::Status::Ok => Ok(resp),
             pb::Status::Invalid | pb::Status::Unavailable => Err(PathError::Refused(resp.message)),
             pb::Status::NoSpace => Err(PathError::NoSpace(resp.message)),
-            pb::Status::IoError => Err(PathError::Io(resp.message)),
+            pb::Status::IoError | pb::Status::Corrupt => Err(PathError::Io(resp.message)),
         }
     }
 }
@@ -270,9 +270,16 @@ impl DataPath for GrpcDataPath {
 
     fn write(&self, id: u64, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), PathError>> {
         Box::pin(async move {
-            self.call(id, Op::Write(pb::WriteOp { offset, data }))
-                .await
-                .map(|_| ())
+            self.call(
+                id,
+                Op::Write(pb::WriteOp {
+                    offset,
+                    data,
+                    crc32c: Vec::new(),
+                }),
+            )
+            .await
+            .map(|_| ())
         })
     }
 

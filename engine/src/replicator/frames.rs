@@ -131,10 +131,7 @@ impl FramedDataPath {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let local_stream = match socket.strip_prefix('@') {
             Some(name) if local => {
-                let hello = Hello {
-                    version: welcomed.version,
-                    generation,
-                };
+                let hello = Hello::new(welcomed.version, generation);
                 match tokio::time::timeout(timeout, hello_local(name, hello)).await {
                     Ok(Ok(s)) => Some(s),
                     Ok(Err(e)) => {
@@ -211,7 +208,7 @@ impl FramedDataPath {
             pb::Status::Ok => Ok(resp),
             pb::Status::Invalid | pb::Status::Unavailable => Err(PathError::Refused(resp.message)),
             pb::Status::NoSpace => Err(PathError::NoSpace(resp.message)),
-            pb::Status::IoError => Err(PathError::Io(resp.message)),
+            pb::Status::IoError | pb::Status::Corrupt => Err(PathError::Io(resp.message)),
         }
     }
 }
@@ -236,10 +233,7 @@ async fn handshake(
     stream
         .set_nodelay(true)
         .map_err(|e| PathError::Disconnected(format!("TCP_NODELAY on {addr}: {e}")))?;
-    let hello = Hello {
-        version,
-        generation,
-    };
+    let hello = Hello::new(version, generation);
     let (rest, message) = say_hello(&mut stream, addr, hello).await?;
     Ok((
         Welcomed {
@@ -388,9 +382,16 @@ impl DataPath for FramedDataPath {
 
     fn write(&self, id: u64, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), PathError>> {
         Box::pin(async move {
-            self.call(id, RequestOp::Write { offset, data })
-                .await
-                .map(|_| ())
+            self.call(
+                id,
+                RequestOp::Write {
+                    offset,
+                    data,
+                    sums: None,
+                },
+            )
+            .await
+            .map(|_| ())
         })
     }
 
@@ -471,9 +472,7 @@ mod tests {
         let addr = l.local_addr().unwrap().to_string();
         tokio::spawn(async move {
             let (mut s, _) = l.accept().await.unwrap();
-            let mut h = [0u8; frames::HELLO_LEN];
-            s.read_exact(&mut h).await.unwrap();
-            let hello_in = Hello::decode(&h).unwrap();
+            let hello_in = read_hello(&mut s).await;
             assert_eq!(hello_in.version, frames::VERSION);
             assert_eq!(hello_in.generation, 7);
             answer(&mut s, std::slice::from_ref(&hello)).await;
@@ -490,6 +489,20 @@ mod tests {
             then(s, reqs).await;
         });
         addr
+    }
+
+    /// Reads a client's hello off `s`, whatever its version.
+    async fn read_hello<S: AsyncRead + Unpin>(s: &mut S) -> Hello {
+        let mut buf = BytesMut::new();
+        loop {
+            match frames::decode_hello(&mut buf).unwrap() {
+                Decoded::Frame(h) => {
+                    assert!(buf.is_empty(), "nothing follows a hello before its answer");
+                    return h;
+                }
+                Decoded::Need(_) => assert!(s.read_buf(&mut buf).await.unwrap() > 0),
+            }
+        }
     }
 
     async fn answer(s: &mut TcpStream, resps: &[Response]) {
@@ -628,9 +641,7 @@ mod tests {
             let mut versions = Vec::new();
             loop {
                 let (mut s, _) = l.accept().await.unwrap();
-                let mut h = [0u8; frames::HELLO_LEN];
-                s.read_exact(&mut h).await.unwrap();
-                let hello = Hello::decode(&h).unwrap();
+                let hello = read_hello(&mut s).await;
                 versions.push(hello.version);
                 if hello.version != 1 {
                     let refusal = Response {
@@ -689,9 +700,7 @@ mod tests {
         let unix = tokio::net::UnixListener::bind(format!("\0{name}")).unwrap();
         let served = tokio::spawn(async move {
             let (mut s, _) = unix.accept().await.unwrap();
-            let mut h = [0u8; frames::HELLO_LEN];
-            s.read_exact(&mut h).await.unwrap();
-            let hello = Hello::decode(&h).unwrap();
+            let hello = read_hello(&mut s).await;
             let mut b = Batch::default();
             b.push_response(&Response::ok(0));
             b.write_to(&mut s).await.unwrap();
