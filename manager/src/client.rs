@@ -1,19 +1,28 @@
-//! A small HTTP/1 client for the manager's REST API, used by the `zebu` CLI.
+//! A typed client of the manager's REST API (see `zebu-api`), used by the `zebu` CLI.
 //!
-//! One connection per request (the CLI makes one or two), plain HTTP to a
-//! loopback or cluster-internal address. Non-2xx answers become
-//! [`ClientError::Api`] carrying the server's `{"error": ...}` message, so the
-//! CLI can print it as-is.
+//! One connection per request (the CLI makes one or two), plain HTTP to a loopback or
+//! cluster-internal address. Names go into paths percent-encoded, so `vol#frag` or
+//! `x/../../v1/nodes` reach the server as one path segment (which refuses them) instead of
+//! becoming a fragment or another path. Non-2xx answers become [`ClientError::Api`] with the
+//! server's `{"error": ...}` message, so the CLI can print it as it is.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::net::TcpStream;
+use zebu_types::requests::{
+    AttachVolume, CreateSnapshot, CreateVolume, ExpandVolume, Items, SnapshotInfo,
+};
+use zebu_types::resources::{Node, Volume};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    #[error("invalid API address {api:?}: {reason}")]
+    BadAddress { api: String, reason: String },
     #[error(
         "cannot reach the zebu API at {addr}: {source} (is `zebu up` running? set --api or ZEBU_API)"
     )]
@@ -34,27 +43,77 @@ pub enum ClientError {
     Invalid { addr: String, reason: String },
 }
 
-/// Talks to one API endpoint, `host:port`.
+/// What `DELETE /v1/volumes/{name}` answers.
+#[derive(Debug, Clone, serde::Deserialize, Serialize)]
+pub struct Deleted {
+    /// Gone at once (`false`: its finalizer holds it while its engine and replicas go).
+    pub deleted: bool,
+    pub object: Option<Volume>,
+}
+
+/// One path segment, percent-encoded: everything but ASCII letters, digits, `-`, `_` and
+/// `~` (a `.` too, so `..` cannot climb the path).
+pub fn segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Talks to one API endpoint.
 #[derive(Debug, Clone)]
 pub struct Client {
+    /// `host:port`.
     addr: String,
 }
 
 impl Client {
-    /// `api` is `http://host:port` or `host:port`.
-    pub fn new(api: &str) -> Self {
-        let addr = api
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .to_string();
-        Client { addr }
+    /// `api` is `http://HOST:PORT` or `HOST:PORT`; any other scheme, a path or a missing
+    /// port is refused here, before anything is sent or looked up.
+    pub fn new(api: &str) -> Result<Self, ClientError> {
+        let bad = |reason: String| ClientError::BadAddress {
+            api: api.to_string(),
+            reason,
+        };
+        let rest = match api.split_once("://") {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
+            Some((scheme, _)) => {
+                return Err(bad(format!(
+                    "unsupported scheme {scheme:?}: the zebu API speaks plain HTTP (http://HOST:PORT)"
+                )));
+            }
+            None => api,
+        };
+        let addr = rest.strip_suffix('/').unwrap_or(rest);
+        if addr.is_empty() {
+            return Err(bad("no host (expected http://HOST:PORT)".into()));
+        }
+        if addr.contains(['/', '?', '#', '@']) || addr.chars().any(char::is_whitespace) {
+            return Err(bad("expected http://HOST:PORT, without a path".into()));
+        }
+        let port = addr.rsplit_once(':').map(|(_, p)| p);
+        if port.is_none_or(|p| p.parse::<u16>().is_err()) || addr.ends_with(']') {
+            return Err(bad("no port (expected http://HOST:PORT)".into()));
+        }
+        Ok(Client {
+            addr: addr.to_string(),
+        })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
     }
 
     async fn send(
         &self,
         method: Method,
         path: &str,
-        body: Option<&Value>,
+        body: Option<Value>,
     ) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
         let stream =
             TcpStream::connect(&self.addr)
@@ -75,12 +134,15 @@ impl Client {
                 tracing::debug!("API connection ended: {e}");
             }
         });
-        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(method)
             .uri(path)
-            .header("host", &self.addr)
-            .header("content-type", "application/json")
+            .header("host", &self.addr);
+        if body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+        let req = req
             .body(Full::new(Bytes::from(bytes)))
             .map_err(|e| ClientError::Invalid {
                 addr: self.addr.clone(),
@@ -99,13 +161,20 @@ impl Client {
         Err(ClientError::Api { status, message })
     }
 
-    /// One request, the JSON answer.
-    pub async fn call(
+    /// One request, the JSON answer decoded.
+    async fn call<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
-        body: Option<&Value>,
-    ) -> Result<Value, ClientError> {
+        body: Option<&impl Serialize>,
+    ) -> Result<T, ClientError> {
+        let body =
+            body.map(serde_json::to_value)
+                .transpose()
+                .map_err(|e| ClientError::Invalid {
+                    addr: self.addr.clone(),
+                    reason: format!("encoding the request: {e}"),
+                })?;
         let resp = self.send(method, path, body).await?;
         let bytes = resp
             .into_body()
@@ -122,14 +191,117 @@ impl Client {
         })
     }
 
-    /// A streaming request: calls `each` for every JSON line until the server
-    /// closes the stream or `each` returns false.
-    pub async fn stream_lines(
+    const NO_BODY: Option<&'static Value> = None;
+
+    pub async fn list_volumes(&self) -> Result<Items<Volume>, ClientError> {
+        self.call(Method::GET, "/v1/volumes", Self::NO_BODY).await
+    }
+
+    pub async fn get_volume(&self, name: &str) -> Result<Volume, ClientError> {
+        let path = format!("/v1/volumes/{}", segment(name));
+        self.call(Method::GET, &path, Self::NO_BODY).await
+    }
+
+    /// The volume, `None` when the API says it does not exist.
+    pub async fn find_volume(&self, name: &str) -> Result<Option<Volume>, ClientError> {
+        match self.get_volume(name).await {
+            Ok(v) => Ok(Some(v)),
+            Err(ClientError::Api { status, .. }) if status == StatusCode::NOT_FOUND => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn create_volume(&self, req: &CreateVolume) -> Result<Volume, ClientError> {
+        self.call(Method::POST, "/v1/volumes", Some(req)).await
+    }
+
+    pub async fn delete_volume(&self, name: &str) -> Result<Deleted, ClientError> {
+        let path = format!("/v1/volumes/{}", segment(name));
+        self.call(Method::DELETE, &path, Self::NO_BODY).await
+    }
+
+    pub async fn attach_volume(
         &self,
-        path: &str,
+        name: &str,
+        req: &AttachVolume,
+    ) -> Result<Volume, ClientError> {
+        let path = format!("/v1/volumes/{}/attach", segment(name));
+        self.call(Method::POST, &path, Some(req)).await
+    }
+
+    pub async fn detach_volume(&self, name: &str) -> Result<Volume, ClientError> {
+        let path = format!("/v1/volumes/{}/detach", segment(name));
+        self.call(Method::POST, &path, Self::NO_BODY).await
+    }
+
+    pub async fn expand_volume(
+        &self,
+        name: &str,
+        req: &ExpandVolume,
+    ) -> Result<Volume, ClientError> {
+        let path = format!("/v1/volumes/{}/expand", segment(name));
+        self.call(Method::POST, &path, Some(req)).await
+    }
+
+    pub async fn list_nodes(&self) -> Result<Items<Node>, ClientError> {
+        self.call(Method::GET, "/v1/nodes", Self::NO_BODY).await
+    }
+
+    pub async fn list_snapshots(&self, volume: &str) -> Result<Items<SnapshotInfo>, ClientError> {
+        let path = format!("/v1/volumes/{}/snapshots", segment(volume));
+        self.call(Method::GET, &path, Self::NO_BODY).await
+    }
+
+    pub async fn create_snapshot(
+        &self,
+        volume: &str,
+        req: &CreateSnapshot,
+    ) -> Result<Items<SnapshotInfo>, ClientError> {
+        let path = format!("/v1/volumes/{}/snapshots", segment(volume));
+        self.call(Method::POST, &path, Some(req)).await
+    }
+
+    pub async fn delete_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+    ) -> Result<Items<SnapshotInfo>, ClientError> {
+        let path = format!(
+            "/v1/volumes/{}/snapshots/{}",
+            segment(volume),
+            segment(snapshot)
+        );
+        self.call(Method::DELETE, &path, Self::NO_BODY).await
+    }
+
+    pub async fn revert_snapshot(
+        &self,
+        volume: &str,
+        snapshot: &str,
+    ) -> Result<Items<SnapshotInfo>, ClientError> {
+        let path = format!(
+            "/v1/volumes/{}/snapshots/{}/revert",
+            segment(volume),
+            segment(snapshot)
+        );
+        self.call(Method::POST, &path, Self::NO_BODY).await
+    }
+
+    /// `zebu up`'s own routes: stop or start a node's agent.
+    pub async fn standalone_node(&self, node: &str, verb: &str) -> Result<Value, ClientError> {
+        let path = format!("/v1/standalone/nodes/{}/{verb}", segment(node));
+        self.call(Method::POST, &path, Self::NO_BODY).await
+    }
+
+    /// The NDJSON watch of one volume: calls `each` for every line until the server closes
+    /// the stream or `each` returns false.
+    pub async fn watch_volume(
+        &self,
+        name: &str,
         mut each: impl FnMut(Value) -> bool,
     ) -> Result<(), ClientError> {
-        let mut body = self.send(Method::GET, path, None).await?.into_body();
+        let path = format!("/v1/volumes/{}?watch=true", segment(name));
+        let mut body = self.send(Method::GET, &path, None).await?.into_body();
         let mut buf = Vec::new();
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|source| ClientError::Http {
@@ -152,5 +324,52 @@ impl Client {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_one_encoded_path_segment() {
+        assert_eq!(segment("vol-1"), "vol-1");
+        assert_eq!(segment("vol#frag"), "vol%23frag");
+        assert_eq!(
+            segment("x/../../v1/nodes"),
+            "x%2F%2E%2E%2F%2E%2E%2Fv1%2Fnodes"
+        );
+        assert_eq!(segment("a b?c"), "a%20b%3Fc");
+        assert_eq!(segment("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn api_addresses_are_checked_before_anything_is_sent() {
+        for good in [
+            "http://127.0.0.1:9500",
+            "127.0.0.1:9500",
+            "HTTP://h:1/",
+            "[::1]:9500",
+        ] {
+            assert!(Client::new(good).is_ok(), "{good}");
+        }
+        let e = Client::new("ftp://example.com:21").expect_err("ftp");
+        assert!(e.to_string().contains("unsupported scheme \"ftp\""), "{e}");
+        let e = Client::new("https://h:443").expect_err("https");
+        assert!(
+            e.to_string().contains("unsupported scheme \"https\""),
+            "{e}"
+        );
+        for bad in [
+            "http://h",
+            "h",
+            "http://h:1/v1",
+            "",
+            "http://",
+            "h:port",
+            "[::1]",
+        ] {
+            assert!(Client::new(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -1,44 +1,28 @@
-//! `zebu-manager`: the control plane of Zebu.
+//! `zebu-manager`: the control plane of Zebu, and the `zebu` command.
 //!
-//! - [`resources`]: Volume, Engine, Replica, Node, Setting — Kubernetes-shaped
-//!   objects (`spec` wanted, `status` observed).
-//! - [`store`]: the small store trait controllers are written against, and the
-//!   embedded one-file implementation on redb.
-//! - [`scheduler`]: a pure function that places replicas on node disks.
-//! - [`settings`]: the typed view of Setting objects, with defaults.
-//! - [`api`]: the REST API (axum); [`client`] and [`cli`]: the `zebu` CLI.
-//! - [`agent`]: the node agent (registers its Node, heartbeats disk capacity)
-//!   and, through [`instances`] and [`process`], runs the node's replica and
-//!   engine processes.
-//! - [`controller`]: the Volume and Node controllers; [`engine_rpc`]: the
-//!   calls they make to an engine's control API.
-//! - [`size`]: `10G`-style sizes shared by the API and the CLI.
+//! The manager is split by layer, each crate calling only the ones below it:
 //!
-//! Controllers read and write only through [`store::Store`]; the REST API
-//! writes `spec`, agents and controllers write `status`.
+//! | crate | owns |
+//! |---|---|
+//! | `zebu-types` (`manager/types`) | resources, metadata, the store contract, names of finalizers and labels, sizes, times, settings |
+//! | `zebu-store` (`manager/store`) | store backends: the embedded redb file |
+//! | `zebu-ops` (`manager/ops`) | the rules of every user operation, the scheduler, every call to an engine |
+//! | `zebu-controllers` (`manager/controllers`) | one controller per kind: pure decisions plus a thin apply |
+//! | `zebu-agent` (`manager/agent`) | the node agent: engine and replica processes on its node |
+//! | `zebu-api` (`manager/api`) | the REST API over ops |
+//! | this crate | the `zebu` CLI ([`cli`]) over a typed REST [`client`], `zebu up`'s node agents ([`standalone`]) |
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use zebu_manager::store::{EmbeddedStore, TypedStore};
-//! use zebu_manager::resources::Volume;
-//! let store = EmbeddedStore::open("/var/lib/zebu/zebu.redb")?;
-//! let volumes: Vec<Volume> = store.list_as().await?;
+//! # async fn demo() -> Result<(), zebu_manager::client::ClientError> {
+//! use zebu_manager::client::Client;
+//! let client = Client::new("http://127.0.0.1:9500")?;
+//! for v in client.list_volumes().await?.items {
+//!     println!("{} {}", v.metadata.name, v.status.robustness.as_str());
+//! }
 //! # Ok(()) }
 //! ```
 
-pub mod agent;
-pub mod api;
 pub mod cli;
 pub mod client;
-pub mod controller;
-pub mod engine_rpc;
-pub mod instances;
-pub mod process;
 pub mod progress;
-pub mod resources;
-pub mod scheduler;
-pub mod settings;
-pub mod size;
 pub mod standalone;
-pub mod store;
-pub mod time;

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::resources::RebuildProgress;
-use crate::size::ByteSize;
+use zebu_types::resources::RebuildProgress;
+use zebu_types::size::ByteSize;
 
 struct Current {
     replica: String,
@@ -57,7 +57,7 @@ pub fn line(r: &RebuildProgress, eta: Option<Duration>) -> String {
     format!(
         "rebuild {} ({}): {pct}% {}/{}, ETA {eta}\n",
         r.replica,
-        r.kind,
+        r.kind.as_str(),
         ByteSize(r.bytes_done).approx(),
         ByteSize(r.bytes_total).approx()
     )
@@ -98,7 +98,7 @@ impl RebuildView {
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> ");
                 bar.set_style(style);
-                bar.set_message(format!("rebuild {} ({})", r.replica, r.kind));
+                bar.set_message(format!("rebuild {} ({})", r.replica, r.kind.as_str()));
                 bar
             }),
         });
@@ -120,8 +120,8 @@ mod tests {
     fn progress(done: u64) -> RebuildProgress {
         RebuildProgress {
             replica: "v-r-1".into(),
-            state: "running".into(),
-            kind: "full".into(),
+            state: zebu_types::resources::RebuildState::Running,
+            kind: zebu_types::resources::RebuildKind::Full,
             bytes_done: done,
             bytes_total: 256 << 20,
             error: String::new(),

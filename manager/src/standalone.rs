@@ -25,21 +25,21 @@ use serde_json::{Value, json};
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 
-use crate::agent::{AgentConfig, AgentError, NodeAgent};
-use crate::api::ApiError;
-use crate::store::Store;
+use zebu_agent::{AgentConfig, AgentError, NodeAgent};
+use zebu_api::ApiError;
+use zebu_types::Store;
 
 type Running = (watch::Sender<bool>, JoinHandle<Result<(), AgentError>>);
 
 /// The agents of one `zebu up`, by node name.
-pub struct LocalAgents<S> {
-    store: Arc<S>,
+pub struct LocalAgents {
+    store: Arc<dyn Store>,
     configs: BTreeMap<String, AgentConfig>,
     running: Mutex<BTreeMap<String, Running>>,
 }
 
-impl<S: Store> LocalAgents<S> {
-    pub fn new(store: Arc<S>, configs: Vec<AgentConfig>) -> Self {
+impl LocalAgents {
+    pub fn new(store: Arc<dyn Store>, configs: Vec<AgentConfig>) -> Self {
         LocalAgents {
             store,
             configs: configs.into_iter().map(|c| (c.node.clone(), c)).collect(),
@@ -117,23 +117,23 @@ impl<S: Store> LocalAgents<S> {
     }
 }
 
-/// The standalone-only routes; merge into [`crate::api::router`].
-pub fn router<S: Store>(agents: Arc<LocalAgents<S>>) -> Router {
+/// The standalone-only routes; merge into `zebu_api::router`.
+pub fn router(agents: Arc<LocalAgents>) -> Router {
     Router::new()
-        .route("/v1/standalone/nodes/{name}/stop", post(stop_node::<S>))
-        .route("/v1/standalone/nodes/{name}/start", post(start_node::<S>))
+        .route("/v1/standalone/nodes/{name}/stop", post(stop_node))
+        .route("/v1/standalone/nodes/{name}/start", post(start_node))
         .with_state(agents)
 }
 
 fn unknown(name: &str) -> ApiError {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        message: format!("node {name:?} is not run by this zebu up"),
-    }
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("node {name:?} is not run by this zebu up"),
+    )
 }
 
-async fn stop_node<S: Store>(
-    State(agents): State<Arc<LocalAgents<S>>>,
+async fn stop_node(
+    State(agents): State<Arc<LocalAgents>>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let stopped = agents.stop(&name).await.ok_or_else(|| unknown(&name))?;
@@ -142,8 +142,8 @@ async fn stop_node<S: Store>(
     ))
 }
 
-async fn start_node<S: Store>(
-    State(agents): State<Arc<LocalAgents<S>>>,
+async fn start_node(
+    State(agents): State<Arc<LocalAgents>>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let started = agents.start(&name).await.ok_or_else(|| unknown(&name))?;

@@ -312,7 +312,10 @@ fn up_with_a_volume_serves_it_and_ctrl_c_stops_every_process() {
             .args(["--setting", "storage-minimal-available-percentage=0"])
             .arg("--data-dir")
             .arg(dir.path())
-            .env("ZEBU_LOG", "zebu_manager=debug")
+            .env(
+                "ZEBU_LOG",
+                "zebu_manager=debug,zebu_ops=debug,zebu_controllers=debug,zebu_agent=debug",
+            )
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()

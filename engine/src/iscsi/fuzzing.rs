@@ -11,13 +11,18 @@
 //! - [`login_exchange`]: the login state machine (stages, AuthMethod/CHAP, operational
 //!   keys) fed a sequence of Login Request PDUs whose flags and text are fuzzer-chosen.
 //! - [`text_keys`]: the `key=value` parser and the per-key negotiation alone.
+//! - [`text_exchange`]: the full feature phase's Text exchange (requests continued with the
+//!   C bit, answers sent in pieces) against a model of what the initiator sent.
 
 use bytes::{Bytes, BytesMut};
 use futures::executor::block_on;
 
 use super::chap::Chap;
-use super::login::{self, LoginConfig, Params, parse_keys};
-use super::pdu::{BHS_LEN, Bhs, PduError, PduReader, ReadOutcome, encode, op};
+use super::login::{self, LoginConfig, Params, SessionKind, parse_keys};
+use super::pdu::{
+    BHS_LEN, Bhs, PduError, PduReader, RESERVED_TAG, ReadOutcome, encode, op, reject,
+};
+use super::text::{self, LOGIN_SEGMENT, TextStep};
 
 /// Reads PDUs from `data` until the stream ends or framing fails.
 ///
@@ -141,17 +146,115 @@ pub fn login_exchange(data: &[u8]) {
             panic!("a normal session logged in without CHAP");
         }
     }
-    // Every response must be a well-formed Login Response.
+    // Every response must be a well-formed Login Response, with a data segment an initiator
+    // accepts during login, and a continued one must not transit.
     let mut r = PduReader::new(&out[..], 1 << 24);
     loop {
         match block_on(r.read()) {
             Ok(ReadOutcome::Pdu(p)) => {
                 assert_eq!(p.bhs.opcode(), op::LOGIN_RESP);
                 assert_eq!(p.bhs.0.len(), BHS_LEN);
+                assert!(p.data.len() <= LOGIN_SEGMENT, "{} bytes", p.data.len());
+                assert!(
+                    p.bhs.flags() & 0xc0 != 0xc0,
+                    "a login response with both C and T"
+                );
                 let _ = parse_keys(&p.data);
             }
             Ok(ReadOutcome::Eof) => break,
             other => panic!("target wrote a malformed login response: {other:?}"),
+        }
+    }
+}
+
+/// Drives [`text::step`] with Text Request PDUs built from `data`, checking each answer
+/// against a model of the initiator's side.
+///
+/// Byte 0 is the initiator's MaxRecvDataSegmentLength in units of 16 bytes (at least one);
+/// the rest is a list of records `[flags, len, text...]`, one Text Request each: flags bit 0
+/// sets C (the request continues), bit 1 sends the reserved TTT (a new exchange) instead of
+/// the last tag the target handed out, bit 2 uses another ITT. Every answer piece must fit
+/// the limit; a piece with C must carry a tag and the final one none; the request the
+/// target answers must be exactly the text sent since the exchange began; and the pieces of
+/// an answer must rejoin to the answer of that request.
+pub fn text_exchange(data: &[u8]) {
+    let Some((&unit, mut rest)) = data.split_first() else {
+        return;
+    };
+    let max = usize::from(unit.max(1)) * 16;
+    let mut exchange = None;
+    let mut next_ttt = 1u32;
+    // The initiator's side: the tag to continue with, what it sent of the current request,
+    // and, once answered, the whole answer and what arrived of it.
+    let mut tag = RESERVED_TAG;
+    let mut sent = Vec::new();
+    let mut answer: Option<(Vec<u8>, Vec<u8>)> = None;
+    while rest.len() >= 2 {
+        let flags = rest[0];
+        let len = usize::from(rest[1]).min(rest.len() - 2);
+        let piece = &rest[2..2 + len];
+        rest = &rest[2 + len..];
+        let cont = flags & 1 != 0;
+        let ttt = if flags & 2 != 0 { RESERVED_TAG } else { tag };
+        let itt = if flags & 4 != 0 { 2 } else { 1 };
+        if ttt == RESERVED_TAG {
+            sent.clear();
+            answer = None;
+        }
+        let mut asked = None;
+        let step = text::step(
+            &mut exchange,
+            (itt, ttt, cont),
+            piece,
+            max,
+            &mut next_ttt,
+            |request| {
+                let a = text::answer(request, FUZZ_TARGET, "127.0.0.1:3260", SessionKind::Normal);
+                asked = Some((request.to_vec(), a.clone()));
+                a
+            },
+        );
+        match step {
+            TextStep::Respond {
+                data,
+                final_bit,
+                cont: more,
+                ttt: t,
+            } => {
+                assert!(data.len() <= max, "{} bytes over {max}", data.len());
+                assert!(!(final_bit && more), "F and C together");
+                assert_eq!(t == RESERVED_TAG, final_bit, "a tag unless final");
+                match (&mut answer, asked) {
+                    (_, Some((request, whole))) => {
+                        sent.extend_from_slice(piece);
+                        assert_eq!(request, sent, "the target answered another request");
+                        answer = Some((whole, data.to_vec()));
+                    }
+                    (Some((_, got)), None) => got.extend_from_slice(&data),
+                    (None, None) => {
+                        // The request continues: an empty answer to ask for the rest.
+                        assert!(cont && data.is_empty() && !final_bit && !more);
+                        sent.extend_from_slice(piece);
+                    }
+                }
+                if final_bit {
+                    let (whole, got) = answer.take().expect("a final piece ends an answer");
+                    assert_eq!(got, whole, "the pieces do not rejoin to the answer");
+                    sent.clear();
+                }
+                tag = t;
+            }
+            TextStep::Reject(reject::INVALID_FIELD) => {
+                // A tag or task the exchange does not have: it goes on untouched.
+                assert!(ttt != RESERVED_TAG);
+            }
+            TextStep::Reject(reason) => {
+                assert_eq!(reason, reject::PROTOCOL_ERROR);
+                assert!(exchange.is_none(), "a protocol error ends the exchange");
+                tag = RESERVED_TAG;
+                sent.clear();
+                answer = None;
+            }
         }
     }
 }
@@ -177,4 +280,56 @@ fn check_params(p: &Params) {
         "FirstBurstLength > MaxBurstLength: {p:?}"
     );
     assert!((1..=16).contains(&p.max_outstanding_r2t), "{p:?}");
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Records `[flags, len, text]` for [`text_exchange`].
+    fn records(rs: &[(u8, &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (flags, text) in rs {
+            out.push(*flags);
+            out.push(u8::try_from(text.len()).expect("short text"));
+            out.extend_from_slice(text);
+        }
+        out
+    }
+
+    #[test]
+    fn text_exchange_model_follows_a_well_behaved_initiator() {
+        let mut data = vec![2]; // 32-byte pieces
+        data.extend(records(&[
+            (2 | 1, b"X-a=1\0X-b=2\0"),
+            (1, b"X-c=3\0"),
+            (0, b"X-d=4\0SendTargets=All\0"),
+            (0, b""),
+            (0, b""),
+            (0, b""),
+            (0, b""),
+            (0, b""),
+            (2, b"X-e=5\0"),
+        ]));
+        text_exchange(&data);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn text_exchange_never_breaks_its_invariants(
+            data in proptest::collection::vec(any::<u8>(), 0..600)
+        ) {
+            text_exchange(&data);
+        }
+
+        #[test]
+        fn login_exchange_never_breaks_its_invariants(
+            data in proptest::collection::vec(any::<u8>(), 0..600)
+        ) {
+            login_exchange(&data);
+        }
+    }
 }

@@ -8,12 +8,18 @@
 //! The initiator proposes, the target answers every negotiable key with the result of the
 //! key's result function (min, max, OR, AND, or the first of a list we support). Any
 //! failure ends in a Login Response with a non-zero status and the connection is closed.
+//!
+//! A response longer than the initiator accepts in one PDU (8,192 bytes during login, or
+//! less if it declared a smaller MaxRecvDataSegmentLength) goes out in pieces with the C bit
+//! set, each asked for by an empty Login Request; the stage transition (T) and the TSIH come
+//! with the last piece (see [`super::text`]).
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::chap::{self, Chap};
 use super::pdu::{Bhs, PduReader, ReadOutcome, op, write_pdu};
+use super::text::{LOGIN_SEGMENT, next_piece};
 
 /// Our MaxRecvDataSegmentLength: the largest data segment we accept.
 pub const TARGET_MRDSL: u32 = 262_144;
@@ -22,7 +28,7 @@ pub const QUEUE_DEPTH: u32 = 128;
 /// Most login text (across Continue PDUs) one login request may carry. Real initiators send
 /// well under 4 KiB; without a bound a peer could grow it without limit until the login
 /// timeout.
-pub const MAX_LOGIN_TEXT: usize = 64 * 1024;
+pub const MAX_LOGIN_TEXT: usize = super::text::MAX_TEXT;
 
 /// Negotiated connection and session parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -268,6 +274,8 @@ where
     let mut sent_tpgt = false;
     let mut tsih = 0u16;
     let mut isid = [0u8; 6];
+    // The rest of a response sent in pieces: (text, whether it transits, its NSG).
+    let mut unsent: Option<(Bytes, bool, u8)> = None;
     loop {
         let pdu = match reader.read().await? {
             ReadOutcome::Pdu(p) => p,
@@ -317,6 +325,18 @@ where
                     "TSIH given",
                 ));
             }
+            if let Some((rest, go, answer_nsg)) = unsent.take() {
+                // The initiator asks for the next piece with an empty request in the same
+                // stage (RFC 7143 §6.2, text mode negotiation).
+                if !pdu.data.is_empty() || cont || stage.is_some_and(|s| s != csg) {
+                    return Err(fail(
+                        status::INITIATOR_ERROR,
+                        &initiator,
+                        "expected an empty request for the rest of a login response",
+                    ));
+                }
+                return Ok((rest, go, answer_nsg));
+            }
             if pending.len() + pdu.data.len() > MAX_LOGIN_TEXT {
                 return Err(fail(
                     status::INITIATOR_ERROR,
@@ -326,7 +346,7 @@ where
             }
             pending.extend_from_slice(&pdu.data);
             if cont {
-                return Ok((Vec::new(), false));
+                return Ok((Bytes::new(), false, nsg));
             }
             let keys = parse_keys(&std::mem::take(&mut pending));
             if csg == 2 || csg == 3 || stage.is_some_and(|s| s != csg) {
@@ -411,12 +431,23 @@ where
                 );
                 declared_mrdsl = true;
             }
-            Ok((out, go))
+            Ok((Bytes::from(out), go, nsg))
         }
         .await;
 
         match result {
-            Ok((out, go)) => {
+            Ok((mut text, go, nsg)) => {
+                let seg = LOGIN_SEGMENT.min(params.initiator_mrdsl as usize);
+                let out = next_piece(&mut text, seg);
+                if !text.is_empty() {
+                    // C set, T clear (RFC 7143 §11.13, Login Response); NSG is reserved without T.
+                    resp.0[1] = (csg << 2) | 0x40;
+                    resp.set_data_len(out.len());
+                    write_pdu(w, &resp, &out, false, false).await?;
+                    unsent = Some((text, go, nsg));
+                    continue;
+                }
+                resp.0[1] = (csg << 2) | nsg;
                 if go {
                     resp.0[1] |= 0x80;
                     stage = Some(nsg);
@@ -429,7 +460,7 @@ where
                     resp.0[14..16].copy_from_slice(&tsih.to_be_bytes());
                 }
                 resp.set_data_len(out.len());
-                write_pdu(w, &resp, &Bytes::from(out), false, false).await?;
+                write_pdu(w, &resp, &out, false, false).await?;
                 if full {
                     finish_params(&mut params);
                     return Ok(Login {

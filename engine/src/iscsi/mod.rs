@@ -8,7 +8,13 @@
 //! - [`login`] and [`chap`]: the login phase (None / CHAP / mutual CHAP, parameter negotiation);
 //! - [`session`]: the full feature phase of one connection, one task each (CmdSN window,
 //!   Data-Out/R2T, Data-In, task management, Text/SendTargets, NOP, Logout, Reject);
+//! - [`text`]: text longer than one PDU (login and Text responses split with the C bit);
 //! - [`scsi`], [`pages`] and [`sense`]: SCSI command execution.
+//!
+//! What initiators can make the target hold is bounded: each connection's commands and
+//! buffers by its session's budgets (see [`session`]), the login text by
+//! [`login::MAX_LOGIN_TEXT`] and the login timeout, and the connections themselves by
+//! [`IscsiConfig::max_connections`]. One session's backlog never holds back another's.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), zebu_engine::iscsi::IscsiError> {
@@ -31,6 +37,7 @@ pub mod pdu;
 pub mod scsi;
 pub mod sense;
 pub mod session;
+pub mod text;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -39,7 +46,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::blockdev::BlockDevice;
@@ -61,6 +68,13 @@ pub struct IscsiConfig {
     pub volume: String,
     /// CHAP required from initiators of normal sessions, when set.
     pub chap: Option<Chap>,
+    /// Connections served at once, logging in or logged in; more are closed as soon as they
+    /// are accepted. Each may hold a session's budgets (see [`session`]), so this bounds the
+    /// target's memory with them.
+    pub max_connections: usize,
+    /// A connection whose queued responses make no progress at all (not one byte taken by
+    /// the initiator) for this long is closed, so what it holds comes back.
+    pub response_timeout: Duration,
 }
 
 impl IscsiConfig {
@@ -69,6 +83,12 @@ impl IscsiConfig {
             listen,
             volume: volume.to_string(),
             chap: None,
+            // A volume has one initiator (plus a short-lived discovery session now and then):
+            // 16 leaves room for multipath and reconnects racing the old session's end.
+            max_connections: 16,
+            // Long enough for an initiator paused for a while, short enough that one that
+            // never reads gives back its budgets and its connection slot.
+            response_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -93,6 +113,8 @@ pub struct Target {
     pub lun: scsi::Lun,
     chap: Option<Chap>,
     next_tsih: AtomicU16,
+    max_connections: usize,
+    response_timeout: Duration,
 }
 
 impl Target {
@@ -138,6 +160,8 @@ impl IscsiServer {
                 iqn,
                 chap: cfg.chap,
                 next_tsih: AtomicU16::new(1),
+                max_connections: cfg.max_connections,
+                response_timeout: cfg.response_timeout,
             }),
         })
     }
@@ -151,6 +175,9 @@ impl IscsiServer {
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), IscsiError> {
         let (stop_tx, stop_rx) = watch::channel(false);
         info!(portal = %self.addr, target = %self.target.iqn, "iSCSI target listening");
+        let max = self.target.max_connections;
+        let slots = Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS)));
+        let mut refusals = crate::sockio::Refusals::default();
         tokio::pin!(shutdown);
         let result = loop {
             let (stream, peer) = tokio::select! {
@@ -165,8 +192,21 @@ impl IscsiServer {
                 },
                 _ = &mut shutdown => break Ok(()),
             };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                // Closed before the login: the initiator sees the connection end and retries.
+                refusals.note(peer, max);
+                drop(stream);
+                continue;
+            };
             let span = info_span!("iscsi_conn", %peer, target = %self.target.iqn);
-            tokio::spawn(connection(self.target.clone(), stream, stop_rx.clone()).instrument(span));
+            let conn = connection(self.target.clone(), stream, stop_rx.clone());
+            tokio::spawn(
+                async move {
+                    conn.await;
+                    drop(slot);
+                }
+                .instrument(span),
+            );
         };
         let _ = stop_tx.send(true);
         result

@@ -28,6 +28,23 @@ pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
 pub const MAX_WRITE_SAME_BLOCKS: u64 = 0xffff;
 /// Largest Data-Out the iSCSI layer collects for one command.
 pub const MAX_DATA_OUT: u64 = MAX_TRANSFER_BLOCKS as u64 * BLOCK_SIZE;
+/// WRITE SAME writes its pattern in chunks of this many blocks (1 MiB), so its memory does
+/// not grow with the range.
+const WRITE_SAME_CHUNK_BLOCKS: u64 = 2048;
+
+/// The most memory a command's execution holds beyond its Data-Out, from its CDB alone:
+/// the data a READ makes the device return (whatever the initiator's expected length; a
+/// READ over the transfer limit is refused before reading) and the pattern buffer of a
+/// WRITE SAME. Other commands hold at most a page or two. The iSCSI layer charges this
+/// against its response budget before the command starts.
+pub fn buffer_bytes(cdb: &[u8; 16]) -> u64 {
+    match cdb[0] {
+        0x08 | 0x28 | 0xa8 | 0x88 => (decode_rw(cdb).blocks * BLOCK_SIZE).min(MAX_DATA_OUT),
+        0x41 => be(&cdb[7..9]).min(WRITE_SAME_CHUNK_BLOCKS) * BLOCK_SIZE,
+        0x93 => be(&cdb[10..14]).min(WRITE_SAME_CHUNK_BLOCKS) * BLOCK_SIZE,
+        _ => 0,
+    }
+}
 
 /// The result of one command.
 #[derive(Debug)]
@@ -388,8 +405,7 @@ impl Lun {
             return Ok(Reply::good().with_len(transfer_len));
         }
         // Write the pattern in chunks of up to 1 MiB so memory stays bounded.
-        const CHUNK_BLOCKS: u64 = 2048;
-        let chunk_blocks = blocks.min(CHUNK_BLOCKS);
+        let chunk_blocks = blocks.min(WRITE_SAME_CHUNK_BLOCKS);
         let mut chunk = Vec::with_capacity((chunk_blocks * BLOCK_SIZE) as usize);
         for _ in 0..chunk_blocks {
             chunk.extend_from_slice(&block);
@@ -397,7 +413,7 @@ impl Lun {
         let chunk = Bytes::from(chunk);
         let mut done = 0;
         while done < blocks {
-            let n = (blocks - done).min(CHUNK_BLOCKS);
+            let n = (blocks - done).min(WRITE_SAME_CHUNK_BLOCKS);
             self.dev
                 .write(
                     (lba + done) * BLOCK_SIZE,
@@ -501,6 +517,29 @@ mod tests {
             .execute(&cdb(&[0x28, 0, 0, 0, 0x07, 0xff, 0, 0, 2, 0]), Bytes::new())
             .await;
         assert_eq!(r.sense, Some(Sense::LBA_OUT_OF_RANGE));
+    }
+
+    #[test]
+    fn buffer_bytes_follow_the_cdb_not_the_expected_length() {
+        // READ(10) of 16384 blocks, READ(16) of 8, one over the limit, a WRITE SAME(10) of
+        // 0xffff blocks, a WRITE(10) (its buffer is its Data-Out, charged apart).
+        assert_eq!(
+            buffer_bytes(&cdb(&[0x28, 0, 0, 0, 0, 0, 0, 0x40, 0])),
+            8 << 20
+        );
+        let mut r16 = [0u8; 16];
+        r16[0] = 0x88;
+        r16[13] = 8;
+        assert_eq!(buffer_bytes(&r16), 4096);
+        assert_eq!(
+            buffer_bytes(&cdb(&[0x28, 0, 0, 0, 0, 0, 0, 0xff, 0xff])),
+            MAX_DATA_OUT
+        );
+        assert_eq!(
+            buffer_bytes(&cdb(&[0x41, 0, 0, 0, 0, 0, 0, 0xff, 0xff])),
+            1 << 20
+        );
+        assert_eq!(buffer_bytes(&cdb(&[0x2a, 0, 0, 0, 0, 0, 0, 0x40, 0])), 0);
     }
 
     #[tokio::test]

@@ -35,8 +35,11 @@
 //!   operation followed by a device flush, which is stronger than FUA needs.
 //!
 //! Each connection gets one task (see [`transmission`]); a malformed request closes at most
-//! its own connection. Bytes in flight are capped per connection and per export, so the
-//! engine's memory does not grow with the number or the size of requests clients queue.
+//! its own connection. Bytes in flight are capped per connection and per export, and the
+//! export serves at most [`NbdConfig::max_connections`] connections, so the engine's memory
+//! does not grow with the number or the size of requests clients queue, nor with the number
+//! of clients. Replies a client leaves unread count against its own connection only, so one
+//! client cannot starve the others (see the budget section of [`transmission`]).
 
 pub mod handshake;
 pub mod transmission;
@@ -48,7 +51,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -75,6 +78,8 @@ pub enum NbdError {
     Protocol(String),
     #[error("handshake timed out after {0:?}")]
     HandshakeTimeout(Duration),
+    #[error("replies left unread for {0:?}")]
+    ReplyTimeout(Duration),
 }
 
 /// How to serve an export.
@@ -87,10 +92,19 @@ pub struct NbdConfig {
     /// A client that has not finished the handshake by then is disconnected, so idle
     /// half-open connections cannot pile up.
     pub handshake_timeout: Duration,
-    /// Request and reply bytes one connection may have in flight before it stops reading.
+    /// Request and reply bytes one connection may have in flight before it stops reading:
+    /// requests running and replies not yet taken by its client.
     pub max_inflight_bytes: u64,
-    /// The same for all connections of the export together (one volume).
+    /// Bytes of running requests (the device holds their data) for all connections of the
+    /// export together (one volume). Replies waiting for their client do not count here,
+    /// only against their own connection, so clients that do not read cannot take it.
     pub max_volume_inflight_bytes: u64,
+    /// A connection whose queued replies make no progress at all (not one byte taken by the
+    /// client) for this long is dropped, so what it holds comes back.
+    pub reply_timeout: Duration,
+    /// Connections served at once; more are closed as soon as they are accepted. Each may
+    /// hold `max_inflight_bytes`, so this bounds the server's memory with the budgets.
+    pub max_connections: usize,
 }
 
 impl NbdConfig {
@@ -105,6 +119,12 @@ impl NbdConfig {
             // while the replicator sends it, so the volume-wide cap is what bounds that.
             max_inflight_bytes: 16 << 20,
             max_volume_inflight_bytes: 24 << 20,
+            // Long enough for a client paused for a while (a VM being migrated, a debugger),
+            // short enough that a client that never reads gives its budget back.
+            reply_timeout: Duration::from_secs(60),
+            // Far above what one volume's clients open (QEMU 1, nbdcopy 4 by default) and
+            // small enough that 16 connections of 16 MiB stay a bounded amount of memory.
+            max_connections: 16,
         }
     }
 }
@@ -168,6 +188,10 @@ impl NbdServer {
                 .unwrap_or(u32::MAX >> 4)
                 .min(Semaphore::MAX_PERMITS as u32);
         let budget = Arc::new(Semaphore::new(shared_units as usize));
+        let slots = Arc::new(Semaphore::new(
+            self.cfg.max_connections.min(Semaphore::MAX_PERMITS),
+        ));
+        let mut refusals = crate::sockio::Refusals::default();
         let mut conns = JoinSet::new();
         tokio::pin!(shutdown);
         loop {
@@ -177,6 +201,12 @@ impl NbdServer {
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
+                        let Ok(slot) = slots.clone().try_acquire_owned() else {
+                            // Closed before the greeting: the client sees EOF at once.
+                            refusals.note(peer, self.cfg.max_connections);
+                            drop(stream);
+                            continue;
+                        };
                         let span = tracing::info_span!("nbd_conn", %peer, export = %export.name);
                         conns.spawn(
                             handle_connection(
@@ -186,6 +216,7 @@ impl NbdServer {
                                 self.cfg.clone(),
                                 (budget.clone(), shared_units),
                                 stop_rx.clone(),
+                                slot,
                             )
                             .instrument(span),
                         );
@@ -223,6 +254,8 @@ async fn handle_connection(
     cfg: NbdConfig,
     (shared, shared_units): (Arc<Semaphore>, u32),
     mut stop: watch::Receiver<bool>,
+    // Held until the connection ends, whatever way it does.
+    _slot: OwnedSemaphorePermit,
 ) {
     // Replies are small and latency-bound; Nagle would hold them back waiting for more.
     if let Err(e) = stream.set_nodelay(true) {
@@ -256,6 +289,7 @@ async fn handle_connection(
         max_inflight_bytes: cfg.max_inflight_bytes,
         shared,
         shared_units,
+        reply_timeout: cfg.reply_timeout,
     };
     match transmission::serve_connection(stream, dev, limits, stop).await {
         Ok(()) => tracing::info!("client disconnected"),

@@ -23,25 +23,43 @@
 //! Input: requests are read into one [`BytesMut`]; a WRITE's payload is split off it as a
 //! [`Bytes`] without copying, so many small writes share one allocation.
 //!
-//! Budget: every request costs its payload (the write data, or the read data of its reply)
-//! plus one unit, in [`BUDGET_UNIT`]s, from the connection's budget
-//! ([`super::NbdConfig::max_inflight_bytes`]) and from the export's shared budget (all
-//! connections of one volume, [`super::NbdConfig::max_volume_inflight_bytes`]). The cost is
-//! taken when the request header is parsed, before its payload is read, and given back once
-//! its reply is on the socket (or dropped), so read data waiting for a slow client counts
-//! too, and a client that does not read its replies stops its own reading. A request larger
-//! than a budget takes the whole budget. While the budget is short the connection stops
-//! reading from the socket, so the input buffer is bounded as well.
+//! Budget: every request costs the bytes it makes the engine hold (the write data, the read
+//! data of its reply, the zeros a `NO_HOLE` WRITE_ZEROES has in flight at once) plus one
+//! unit, in [`BUDGET_UNIT`]s. The cost is taken when the request header is parsed, before
+//! its payload is read, from two budgets:
+//!
+//! - the export's shared budget (all connections of one volume,
+//!   [`super::NbdConfig::max_volume_inflight_bytes`]) while the request runs, that is while
+//!   the device holds its data; it is given back as soon as the request completes;
+//! - the connection's own budget ([`super::NbdConfig::max_inflight_bytes`]) until its reply
+//!   is on the socket (or dropped).
+//!
+//! So read data waiting for a client that does not read its replies counts against that
+//! connection only: it stops that connection's reading, and nobody else's. Two or three
+//! clients that pipeline 1 MiB reads and never read an answer hold their own budgets and
+//! leave the export's budget to the clients that read. A connection whose client takes not
+//! one byte of its queued replies for [`super::NbdConfig::reply_timeout`] is dropped (with a
+//! log line), so what it holds comes back; a reader that is merely slow keeps its connection
+//! (the kernel's count of unacknowledged bytes tells them apart, see `sockio::StallWatch`). A request
+//! larger than a budget takes the whole budget. While the budget is short the connection
+//! stops reading from the socket, so the input buffer is bounded as well.
+//!
+//! What the engine holds for the NBD server is therefore bounded by the export's budget (data
+//! the device is working on) plus, per connection, its own budget (replies waiting for the
+//! client), times at most [`super::NbdConfig::max_connections`] connections.
 //!
 //! The connection ends on NBD_CMD_DISC, EOF, a framing error (bad magic, a WRITE payload
 //! over the limit: the byte stream can no longer be trusted), a write error on the socket,
-//! or server shutdown. In every case reading stops, requests already started finish and
-//! their replies are sent if the socket still works, and then the socket closes. Errors on
-//! one connection never touch another.
+//! replies left unread past the reply timeout, or server shutdown. In every case reading
+//! stops, requests already started finish and their replies are sent if the socket still
+//! works, and then the socket closes; after a shutdown a client that reads nothing at all is
+//! given a short grace (5 s) instead of the whole reply timeout, so it cannot hold the
+//! engine's shutdown up. Errors on one connection never touch another.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures::future::BoxFuture;
@@ -54,6 +72,7 @@ use tokio::sync::{Semaphore, watch};
 use super::NbdError;
 use super::wire::*;
 use crate::blockdev::{BlockDevice, BlockError};
+use crate::sockio::{SHUTDOWN_GRACE, StallWatch};
 
 /// Budget granularity: one unit per KiB in flight, plus one per request.
 pub const BUDGET_UNIT: u64 = 1024;
@@ -85,6 +104,8 @@ pub struct Limits {
     /// units is `shared_units`.
     pub shared: Arc<Semaphore>,
     pub shared_units: u32,
+    /// Queued replies that make no progress for this long end the connection.
+    pub reply_timeout: Duration,
 }
 
 /// A finished request, ready to be answered.
@@ -123,6 +144,7 @@ pub async fn serve_connection(
         front_units: None,
         reading: true,
         socket_ok: true,
+        stall: StallWatch::new(limits.reply_timeout),
     };
     let result = c.run(shutdown).await;
     c.finish().await;
@@ -182,14 +204,19 @@ struct Conn<'d> {
     reading: bool,
     /// False once a write to the socket failed: replies are dropped from then on.
     socket_ok: bool,
+    /// Whether queued replies wait for a client that reads nothing.
+    stall: StallWatch,
 }
 
 /// What parsing the input buffer found.
 enum Parsed {
     /// Every complete request was started; more bytes are needed.
     NeedInput,
-    /// The budget is short: wait for replies to be written (or for the shared budget).
-    NeedBudget(u32),
+    /// The connection's own budget is short: wait for its requests to complete and their
+    /// replies to be written.
+    NeedOwnBudget,
+    /// The export's budget is short: wait for this many units of it.
+    NeedShared(u32),
     /// The client asked to disconnect.
     Disconnect,
 }
@@ -199,18 +226,19 @@ impl<'d> Conn<'d> {
         let mut result = Ok(());
         let mut waiting_shared: Option<u32> = None;
         let sem = self.shared.sem.clone();
+        // Armed only while replies wait for the socket; reset, not recreated, as they move.
+        let stall = tokio::time::sleep(self.stall.timeout());
+        tokio::pin!(stall);
         loop {
             let mut stalled = false;
             if self.reading && waiting_shared.is_none() {
                 match self.parse() {
                     Ok(Parsed::NeedInput) => {}
-                    Ok(Parsed::NeedBudget(units)) => {
-                        stalled = true;
-                        // Short on the shared budget with nothing of ours to wait for: wait
-                        // for the other connections to give some back.
-                        if self.used_units == 0 {
-                            waiting_shared = Some(units);
-                        }
+                    Ok(Parsed::NeedOwnBudget) => stalled = true,
+                    Ok(Parsed::NeedShared(units)) => {
+                        // Other connections' requests give it back as they complete (ours
+                        // too, and their completions wake us anyway).
+                        waiting_shared = Some(units);
                     }
                     Ok(Parsed::Disconnect) => {
                         tracing::debug!("client sent DISC");
@@ -237,6 +265,12 @@ impl<'d> Conn<'d> {
             let want_write = self.socket_ok && !self.out.is_empty();
             let interest = crate::sockio::interest(want_read, want_write);
             let shared_want = waiting_shared.unwrap_or(0);
+            if want_write {
+                let deadline = self.stall.deadline(&self.stream);
+                if stall.deadline() != deadline {
+                    stall.as_mut().reset(deadline);
+                }
+            }
             tokio::select! {
                 Some(done) = self.running.next(), if !self.running.is_empty() => {
                     self.queue_reply(done);
@@ -280,6 +314,20 @@ impl<'d> Conn<'d> {
                     tracing::debug!("server shutting down: closing connection");
                     self.reading = false;
                     waiting_shared = None;
+                    self.stall.shorten(SHUTDOWN_GRACE);
+                }
+                () = &mut stall, if want_write => {
+                    if self.stall.expired(&self.stream) {
+                        tracing::warn!(
+                            unread_bytes = self.out.len(),
+                            timeout = ?self.stall.timeout(),
+                            "client left its replies unread past the reply timeout: \
+                             dropping the connection"
+                        );
+                        self.drop_replies();
+                        waiting_shared = None;
+                        result = Err(NbdError::ReplyTimeout(self.stall.timeout()));
+                    }
                 }
             }
             if !self.socket_ok && result.is_ok() {
@@ -393,10 +441,14 @@ impl<'d> Conn<'d> {
                 self.input.advance(RequestHeader::LEN);
                 return Ok(Parsed::Disconnect);
             }
-            let payload_len = if h.command == CMD_WRITE || h.command == CMD_READ {
-                u64::from(h.length)
-            } else {
-                0
+            let payload_len = match h.command {
+                CMD_WRITE | CMD_READ => u64::from(h.length),
+                // Written in chunks, one at a time, all from the same static zeros; what the
+                // device holds at once is one chunk.
+                CMD_WRITE_ZEROES if h.flags & CMD_FLAG_NO_HOLE != 0 => {
+                    u64::from(h.length).min(ZEROS.len() as u64)
+                }
+                _ => 0,
             };
             let too_big = payload_len > u64::from(self.max_payload);
             if too_big && h.command == CMD_WRITE {
@@ -417,10 +469,10 @@ impl<'d> Conn<'d> {
                     // Over this connection's budget: wait for its own replies to go out. A
                     // request alone may take all of it, or a large one could never start.
                     if self.used_units > 0 && self.used_units + units > self.conn_units {
-                        return Ok(Parsed::NeedBudget(units));
+                        return Ok(Parsed::NeedOwnBudget);
                     }
                     if !self.shared.try_take(units) {
-                        return Ok(Parsed::NeedBudget(units));
+                        return Ok(Parsed::NeedShared(units));
                     }
                     self.used_units += units;
                     self.front_units = Some(units);
@@ -524,8 +576,11 @@ impl<'d> Conn<'d> {
     }
 
     fn queue_reply(&mut self, d: Done) {
+        // The device is done with it: what is left waits for this client only, so it counts
+        // against this connection alone from here on.
+        self.shared.give_back(d.units);
         if !self.socket_ok {
-            // Nobody to answer: the work is done, give the budget back.
+            // Nobody to answer: give the connection's budget back too.
             self.release(d.units);
             return;
         }
@@ -533,9 +588,17 @@ impl<'d> Conn<'d> {
             .push(&simple_reply(d.cookie, d.error), d.data, d.units);
     }
 
+    /// Gives back the connection's budget of replies that are written or dropped.
     fn release(&mut self, units: u32) {
         self.used_units -= units;
-        self.shared.give_back(units);
+    }
+
+    /// Stops answering: drops every queued reply and stops reading.
+    fn drop_replies(&mut self) {
+        self.socket_ok = false;
+        self.reading = false;
+        let units = self.out.clear();
+        self.release(units);
     }
 
     /// Writes queued replies until the queue is empty or the socket is full.
@@ -547,16 +610,16 @@ impl<'d> Conn<'d> {
             };
             match written {
                 Ok(n) => {
+                    if n > 0 {
+                        self.stall.progressed();
+                    }
                     let units = self.out.advance(n);
                     self.release(units);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) => {
                     tracing::debug!(error = %e, "writing replies failed");
-                    self.socket_ok = false;
-                    self.reading = false;
-                    let units = self.out.clear();
-                    self.release(units);
+                    self.drop_replies();
                 }
             }
         }
@@ -580,6 +643,11 @@ struct ReplyQueue {
 impl ReplyQueue {
     fn is_empty(&self) -> bool {
         self.queued == self.written
+    }
+
+    /// Bytes queued and not yet written.
+    fn len(&self) -> u64 {
+        self.queued - self.written
     }
 
     fn push(&mut self, header: &[u8], data: Option<Bytes>, units: u32) {

@@ -50,28 +50,42 @@ pub fn start_up(dir: &Path, nodes: u8, settings: &[&str]) -> Up {
     let mut child = cmd
         .arg("--data-dir")
         .arg(dir)
-        .env("ZEBU_LOG", "zebu_manager=info")
+        .env(
+            "ZEBU_LOG",
+            "zebu_manager=info,zebu_ops=info,zebu_controllers=info,zebu_agent=info",
+        )
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()
         .expect("spawn zebu up");
+    let api = first_line_api(&mut child);
+    Up::adopt(child, api, dir)
+}
+
+/// The API address from the first line `zebu up` prints; its stdout is closed after, which
+/// `zebu up` must survive.
+pub fn first_line_api(child: &mut Child) -> String {
     let mut first = String::new();
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
     stdout.read_line(&mut first).expect("read");
     drop(stdout);
-    let api = first
+    first
         .trim()
         .strip_prefix("zebu API listening on ")
         .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-        .to_string();
-    Up {
-        child: Some(child),
-        api,
-        dir: dir.to_path_buf(),
-    }
+        .to_string()
 }
 
 impl Up {
+    /// A started `zebu up` serving `api` on data directory `dir`.
+    pub fn adopt(child: Child, api: String, dir: &Path) -> Up {
+        Up {
+            child: Some(child),
+            api,
+            dir: dir.to_path_buf(),
+        }
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

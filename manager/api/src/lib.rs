@@ -1,0 +1,242 @@
+//! `zebu-api`: the REST API (axum, JSON) that the `zebu` CLI and the web UI talk to.
+//!
+//! | method | path                                     | does                              |
+//! |--------|------------------------------------------|-----------------------------------|
+//! | GET    | `/v1/volumes`                            | list volumes                      |
+//! | POST   | `/v1/volumes`                            | create (a [`CreateVolume`])       |
+//! | GET    | `/v1/volumes/{name}[?watch=true]`        | one volume; with `watch`, an NDJSON stream of it, current state first |
+//! | DELETE | `/v1/volumes/{name}`                     | delete                            |
+//! | POST   | `/v1/volumes/{name}/attach`              | want it attached (an [`AttachVolume`]) |
+//! | POST   | `/v1/volumes/{name}/detach`              | want it detached                  |
+//! | POST   | `/v1/volumes/{name}/expand`              | grow it (an [`ExpandVolume`])     |
+//! | GET    | `/v1/volumes/{name}/snapshots`           | its snapshots (attached only)     |
+//! | POST   | `/v1/volumes/{name}/snapshots`           | take one (a [`CreateSnapshot`])   |
+//! | DELETE | `/v1/volumes/{name}/snapshots/{s}`       | delete one                        |
+//! | POST   | `/v1/volumes/{name}/snapshots/{s}/revert`| revert the volume to it           |
+//! | GET    | `/v1/nodes`                              | list nodes                        |
+//!
+//! Handlers only decode the request and call [`Ops`], where every rule lives; an
+//! [`OpsError`] becomes its HTTP status with `{"error": "..."}` (4xx for the caller's
+//! mistakes: 400 invalid, 404 missing, 409 exists or not now; 5xx for ours). Lists are
+//! `{"items": [...]}` as in Kubernetes; snapshot calls answer with the volume's snapshots.
+
+use axum::body::Body;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use zebu_ops::{Ops, OpsError, VolumeChange};
+use zebu_types::requests::{
+    AttachVolume, CreateSnapshot, CreateVolume, ExpandVolume, Items, SnapshotInfo,
+};
+use zebu_types::resources::{Node, Volume};
+
+/// An error as the API reports it.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::warn!(status = %self.status, "API error: {}", self.message);
+        }
+        (self.status, Json(json!({ "error": self.message }))).into_response()
+    }
+}
+
+impl From<OpsError> for ApiError {
+    fn from(e: OpsError) -> Self {
+        let status =
+            StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        ApiError::new(status, e.to_string())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {}", r.body_text()),
+        )
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The cluster API over `ops`.
+pub fn router(ops: Ops) -> Router {
+    Router::new()
+        .route("/v1/volumes", get(list_volumes).post(create_volume))
+        .route("/v1/volumes/{name}", get(get_volume).delete(delete_volume))
+        .route("/v1/volumes/{name}/attach", post(attach_volume))
+        .route("/v1/volumes/{name}/detach", post(detach_volume))
+        .route("/v1/volumes/{name}/expand", post(expand_volume))
+        .route(
+            "/v1/volumes/{name}/snapshots",
+            get(list_snapshots).post(create_snapshot),
+        )
+        .route(
+            "/v1/volumes/{name}/snapshots/{snapshot}",
+            axum::routing::delete(delete_snapshot),
+        )
+        .route(
+            "/v1/volumes/{name}/snapshots/{snapshot}/revert",
+            post(revert_snapshot),
+        )
+        .route("/v1/nodes", get(list_nodes))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such API path") })
+        .with_state(ops)
+}
+
+/// A body that may be left out (no content type: the defaults), but must be valid when
+/// given.
+type OptionalBody<T> = Result<Option<Json<T>>, JsonRejection>;
+
+fn optional<T: Default>(body: OptionalBody<T>) -> ApiResult<T> {
+    Ok(body?.map(|Json(b)| b).unwrap_or_default())
+}
+
+async fn list_volumes(State(ops): State<Ops>) -> ApiResult<Json<Items<Volume>>> {
+    Ok(Json(Items {
+        items: ops.list_volumes().await?,
+    }))
+}
+
+async fn list_nodes(State(ops): State<Ops>) -> ApiResult<Json<Items<Node>>> {
+    Ok(Json(Items {
+        items: ops.list_nodes().await?,
+    }))
+}
+
+async fn create_volume(
+    State(ops): State<Ops>,
+    body: Result<Json<CreateVolume>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<Volume>)> {
+    let Json(req) = body?;
+    Ok((StatusCode::CREATED, Json(ops.create_volume(req).await?)))
+}
+
+#[derive(Debug, Deserialize)]
+struct GetQuery {
+    #[serde(default)]
+    watch: bool,
+}
+
+async fn get_volume(
+    State(ops): State<Ops>,
+    Path(name): Path<String>,
+    Query(q): Query<GetQuery>,
+) -> ApiResult<Response> {
+    if !q.watch {
+        return Ok(Json(ops.get_volume(&name).await?).into_response());
+    }
+    // Current state first, then every change, one JSON object per line.
+    let (volume, changes) = ops.watch_volume(&name).await?;
+    let first = futures::stream::once(async move {
+        Ok::<_, std::io::Error>(json_line(&json!({"type": "Added", "object": volume})))
+    });
+    let rest = changes.map(|c| {
+        let line = match c {
+            Ok(VolumeChange::Added(v)) => json!({"type": "Added", "object": v}),
+            Ok(VolumeChange::Modified(v)) => json!({"type": "Modified", "object": v}),
+            Ok(VolumeChange::Deleted(v)) => json!({"type": "Deleted", "object": v}),
+            Err(e) => json!({"type": "Error", "error": e.to_string()}),
+        };
+        Ok(json_line(&line))
+    });
+    Response::builder()
+        .header("content-type", "application/x-ndjson")
+        .body(Body::from_stream(first.chain(rest)))
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+fn json_line(v: &Value) -> Vec<u8> {
+    let mut line = v.to_string().into_bytes();
+    line.push(b'\n');
+    line
+}
+
+async fn delete_volume(State(ops): State<Ops>, Path(name): Path<String>) -> ApiResult<Json<Value>> {
+    let held = ops.delete_volume(&name).await?;
+    Ok(Json(json!({ "deleted": held.is_none(), "object": held })))
+}
+
+async fn attach_volume(
+    State(ops): State<Ops>,
+    Path(name): Path<String>,
+    body: OptionalBody<AttachVolume>,
+) -> ApiResult<Json<Volume>> {
+    let req = optional(body)?;
+    Ok(Json(ops.attach_volume(&name, req).await?))
+}
+
+async fn detach_volume(
+    State(ops): State<Ops>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Volume>> {
+    Ok(Json(ops.detach_volume(&name).await?))
+}
+
+async fn expand_volume(
+    State(ops): State<Ops>,
+    Path(name): Path<String>,
+    body: Result<Json<ExpandVolume>, JsonRejection>,
+) -> ApiResult<Json<Volume>> {
+    let Json(req) = body?;
+    Ok(Json(ops.expand_volume(&name, req).await?))
+}
+
+async fn list_snapshots(
+    State(ops): State<Ops>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Items<SnapshotInfo>>> {
+    Ok(Json(Items {
+        items: ops.list_snapshots(&name).await?,
+    }))
+}
+
+async fn create_snapshot(
+    State(ops): State<Ops>,
+    Path(name): Path<String>,
+    body: OptionalBody<CreateSnapshot>,
+) -> ApiResult<Json<Items<SnapshotInfo>>> {
+    let req = optional(body)?;
+    Ok(Json(Items {
+        items: ops.create_snapshot(&name, req).await?,
+    }))
+}
+
+async fn delete_snapshot(
+    State(ops): State<Ops>,
+    Path((name, snapshot)): Path<(String, String)>,
+) -> ApiResult<Json<Items<SnapshotInfo>>> {
+    Ok(Json(Items {
+        items: ops.delete_snapshot(&name, &snapshot).await?,
+    }))
+}
+
+async fn revert_snapshot(
+    State(ops): State<Ops>,
+    Path((name, snapshot)): Path<(String, String)>,
+) -> ApiResult<Json<Items<SnapshotInfo>>> {
+    Ok(Json(Items {
+        items: ops.revert_snapshot(&name, &snapshot).await?,
+    }))
+}

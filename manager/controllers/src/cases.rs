@@ -1,0 +1,851 @@
+//! The controllers' decision cases as data, so the same table runs against a world built
+//! directly from objects ([`check`]) and against one loaded from any store backend after the
+//! objects were written into it ([`check_on_store`]): the embedded store in this crate's
+//! tests, the Kubernetes store in its own.
+//!
+//! Each [`Case`] is a small cluster (nodes node-1…node-4 on 127.0.0.11…14, volume `v` of
+//! 1 GiB and its replicas `v-r-N`), the object to decide, and the actions expected, each as
+//! its one-line `Display`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use zebu_types::names::{SUPERSEDED_LABEL, VOLUME_FINALIZER};
+use zebu_types::resources::{
+    ConditionStatus, DiskSpec, DiskStatus, Engine, EngineSpec, EngineState, EngineVolumeState,
+    Frontend, Node, NodeSpec, Replica, ReplicaMode, ReplicaSpec, ReplicaState, Resource, Setting,
+    SettingSpec, Volume, VolumeSpec, VolumeState, condition, set_condition_at,
+};
+use zebu_types::size::ByteSize;
+use zebu_types::store::{StoreError, TypedStore};
+use zebu_types::{Store, time};
+
+use crate::{World, WorldError, gc, node, volume};
+
+const GIB: u64 = 1 << 30;
+
+/// The objects of one case.
+#[derive(Debug, Clone)]
+pub struct Fixture {
+    pub now: SystemTime,
+    pub volumes: Vec<Volume>,
+    pub nodes: Vec<Node>,
+    pub replicas: Vec<Replica>,
+    pub engines: Vec<Engine>,
+    pub settings: Vec<Setting>,
+}
+
+/// Which object a case decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Volume(&'static str),
+    Node(&'static str),
+    Engine(&'static str),
+    Replica(&'static str),
+}
+
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub name: &'static str,
+    pub fixture: Fixture,
+    pub target: Target,
+    pub expect: Vec<String>,
+}
+
+/// The instant every case decides at.
+pub fn now() -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+fn ago(secs: u64) -> String {
+    time::format_rfc3339(now() - Duration::from_secs(secs))
+}
+
+/// node-`i` on 127.0.0.1`i`, Ready, one 100 GiB disk, last heartbeat 1 s ago.
+pub fn ready_node(i: u32) -> Node {
+    let name = format!("node-{i}");
+    let mut n = Node::new(
+        name.clone(),
+        NodeSpec {
+            address: format!("127.0.0.{}", 10 + i),
+            disks: [(
+                "disk-0".to_string(),
+                DiskSpec {
+                    path: format!("/data/{name}/disk-0"),
+                    tags: vec![],
+                    allow_scheduling: true,
+                    storage_reserved: ByteSize(0),
+                },
+            )]
+            .into(),
+            tags: vec![],
+            allow_scheduling: true,
+        },
+    );
+    n.status.disk_status.insert(
+        "disk-0".into(),
+        DiskStatus {
+            storage_maximum: ByteSize(100 * GIB),
+            storage_available: ByteSize(100 * GIB),
+            ..Default::default()
+        },
+    );
+    for c in [condition::READY, condition::SCHEDULABLE] {
+        set_condition_at(
+            &mut n.status.conditions,
+            c,
+            ConditionStatus::True,
+            "Heartbeat",
+            "",
+            &ago(3600),
+        );
+    }
+    n.status.last_heartbeat = Some(ago(1));
+    n
+}
+
+/// node-`i`, not Ready for `secs` seconds (heartbeats stopped before that).
+pub fn down_node(i: u32, secs: u64) -> Node {
+    let mut n = ready_node(i);
+    for c in [condition::READY, condition::SCHEDULABLE] {
+        set_condition_at(
+            &mut n.status.conditions,
+            c,
+            ConditionStatus::False,
+            "HeartbeatLost",
+            "no heartbeat for 10 s",
+            &ago(secs),
+        );
+    }
+    n.status.last_heartbeat = Some(ago(secs + 10));
+    n
+}
+
+/// Volume `v`: 1 GiB, `replicas` replicas, NBD, attached to `node` if given, with its
+/// finalizer (as ops creates it), stale replicas replaced after 60 s.
+pub fn vol(replicas: u32, node: Option<&str>) -> Volume {
+    let mut v = Volume::new(
+        "v",
+        VolumeSpec {
+            size: ByteSize(GIB),
+            number_of_replicas: replicas,
+            frontend: Frontend::Nbd,
+            node_selector: vec![],
+            disk_selector: vec![],
+            data_locality: Default::default(),
+            stale_replica_timeout: 60,
+            node_id: node.map(str::to_string),
+            disable_frontend: false,
+        },
+    );
+    v.metadata.finalizers.push(VOLUME_FINALIZER.into());
+    v
+}
+
+/// Replica `v-r-<i>` on node-`node`, in `state`; a running one listens on
+/// 127.0.0.1`node`:900`i` with pid 100+`i`.
+pub fn rep(i: u32, node: u32, state: ReplicaState) -> Replica {
+    let name = format!("v-r-{i}");
+    let mut r = Replica::new(
+        name.clone(),
+        ReplicaSpec {
+            volume: "v".into(),
+            node: format!("node-{node}"),
+            disk: "disk-0".into(),
+            data_path: format!("/data/node-{node}/disk-0/replicas/{name}"),
+            size: ByteSize(GIB),
+        },
+    );
+    r.metadata
+        .finalizers
+        .push(zebu_types::names::REPLICA_FINALIZER.into());
+    r.status.state = state;
+    if state == ReplicaState::Running {
+        r.status.address = Some(addr(i, node));
+        r.status.pid = Some(100 + i);
+    }
+    r
+}
+
+fn addr(i: u32, node: u32) -> String {
+    format!("127.0.0.{}:900{i}", 10 + node)
+}
+
+const ENDPOINT: &str = "nbd://127.0.0.11:10809/v";
+
+/// The engine `v-e` on node-1, running with an endpoint, every replica in `modes` as given.
+pub fn engine(modes: &[(u32, ReplicaMode)], state: EngineVolumeState) -> Engine {
+    let mut e = Engine::new(
+        "v-e",
+        EngineSpec {
+            volume: "v".into(),
+            node: "node-1".into(),
+            size: ByteSize(GIB),
+            replica_addresses: modes
+                .iter()
+                .map(|(i, _)| (format!("v-r-{i}"), addr(*i, *i)))
+                .collect(),
+            frontend: Frontend::Nbd,
+            disable_frontend: false,
+            salvage: false,
+        },
+    );
+    e.metadata
+        .finalizers
+        .push(zebu_types::names::ENGINE_FINALIZER.into());
+    e.status.state = EngineState::Running;
+    e.status.pid = Some(50);
+    e.status.control_address = Some("127.0.0.11:9600".into());
+    e.status.endpoint = Some(ENDPOINT.into());
+    e.status.size = Some(ByteSize(GIB));
+    e.status.volume_state = Some(state);
+    e.status.replica_modes = modes
+        .iter()
+        .map(|(i, m)| (format!("v-r-{i}"), *m))
+        .collect();
+    e
+}
+
+fn nodes(n: u32) -> Vec<Node> {
+    (1..=n).map(ready_node).collect()
+}
+
+fn three_running() -> Vec<Replica> {
+    (1..=3).map(|i| rep(i, i, ReplicaState::Running)).collect()
+}
+
+fn fixture(
+    volumes: Vec<Volume>,
+    nodes: Vec<Node>,
+    replicas: Vec<Replica>,
+    engines: Vec<Engine>,
+) -> Fixture {
+    Fixture {
+        now: now(),
+        volumes,
+        nodes,
+        replicas,
+        engines,
+        settings: vec![],
+    }
+}
+
+fn case(name: &'static str, fixture: Fixture, target: Target, expect: &[&str]) -> Case {
+    Case {
+        name,
+        fixture,
+        target,
+        expect: expect.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn deleting<R: Resource>(mut r: R) -> R {
+    r.metadata_mut().deletion_timestamp = Some(ago(5));
+    r
+}
+
+/// A volume whose status a pass already wrote: in `state`, for generation 1.
+fn with_status(mut v: Volume, state: VolumeState) -> Volume {
+    v.status.state = state;
+    v.status.observed_generation = 1;
+    v
+}
+
+const ALL_RW: [(u32, ReplicaMode); 3] = [
+    (1, ReplicaMode::RW),
+    (2, ReplicaMode::RW),
+    (3, ReplicaMode::RW),
+];
+
+/// Every case; see the module docs.
+pub fn all() -> Vec<Case> {
+    use EngineVolumeState::{Degraded, Faulted, Healthy};
+    use ReplicaMode::{ERR, RW};
+    use ReplicaState::{Running, Starting};
+    let v = Target::Volume("v");
+    let mut cases = vec![
+        case(
+            "a new volume is placed on three nodes",
+            fixture(vec![vol(3, None)], nodes(3), vec![], vec![]),
+            v.clone(),
+            &[
+                "create replica on node-1/disk-0 (1 GiB)",
+                "create replica on node-2/disk-0 (1 GiB)",
+                "create replica on node-3/disk-0 (1 GiB)",
+                "status creating unknown Scheduled=True",
+            ],
+        ),
+        case(
+            "a volume that cannot be placed says so in its status",
+            fixture(vec![vol(4, None)], nodes(3), vec![], vec![]),
+            v.clone(),
+            &["status creating unknown Scheduled=False"],
+        ),
+        case(
+            "a volume created without its finalizer gets it",
+            fixture(
+                vec![{
+                    let mut x = with_status(vol(3, None), VolumeState::Detached);
+                    x.metadata.finalizers.clear();
+                    x.status.robustness = zebu_types::resources::Robustness::Healthy;
+                    x
+                }],
+                nodes(3),
+                three_running(),
+                vec![],
+            ),
+            v.clone(),
+            &["add finalizer", "status detached healthy"],
+        ),
+        case(
+            "attach creates the engine once every replica runs",
+            fixture(
+                vec![vol(3, Some("node-1"))],
+                nodes(3),
+                three_running(),
+                vec![],
+            ),
+            v.clone(),
+            &[
+                "create engine on node-1 with v-r-1 v-r-2 v-r-3",
+                "status attaching healthy",
+            ],
+        ),
+        case(
+            "attach waits while replicas are still starting",
+            fixture(
+                vec![vol(3, Some("node-1"))],
+                nodes(3),
+                vec![rep(1, 1, Running), rep(2, 2, Starting), rep(3, 3, Starting)],
+                vec![],
+            ),
+            v.clone(),
+            &["status attaching degraded"],
+        ),
+        case(
+            "an attached engine with every replica RW is healthy",
+            fixture(
+                vec![vol(3, Some("node-1"))],
+                nodes(3),
+                three_running(),
+                vec![engine(&ALL_RW, Healthy)],
+            ),
+            v.clone(),
+            &["status attached healthy on node-1 at nbd://127.0.0.11:10809/v"],
+        ),
+        case(
+            "detach stops the engine",
+            fixture(
+                vec![with_status(vol(3, None), VolumeState::Attached)],
+                nodes(3),
+                three_running(),
+                vec![engine(&ALL_RW, Healthy)],
+            ),
+            v.clone(),
+            &["delete v-e", "status detaching healthy"],
+        ),
+        case(
+            "heal: a replica the engine failed is added back",
+            fixture(
+                vec![vol(3, Some("node-1"))],
+                nodes(3),
+                three_running(),
+                vec![engine(&[(1, RW), (2, ERR), (3, RW)], Degraded)],
+            ),
+            v.clone(),
+            &[
+                "add v-r-2 to the engine (was ERR)",
+                "status attached degraded on node-1 at nbd://127.0.0.11:10809/v",
+            ],
+        ),
+        case(
+            "heal: a running replica the engine does not have is added",
+            fixture(
+                vec![vol(3, Some("node-1"))],
+                nodes(3),
+                three_running(),
+                vec![engine(&[(1, RW), (3, RW)], Healthy)],
+            ),
+            v.clone(),
+            &[
+                "add v-r-2 to the engine (was absent)",
+                "status attached degraded on node-1 at nbd://127.0.0.11:10809/v",
+            ],
+        ),
+        case(
+            "an address no replica owns is removed from the engine",
+            fixture(
+                vec![vol(3, Some("node-1"))],
+                nodes(3),
+                three_running(),
+                vec![{
+                    let mut e = engine(&ALL_RW, Healthy);
+                    e.status
+                        .unknown_replicas
+                        .insert("127.0.0.19:9009".into(), ERR);
+                    e
+                }],
+            ),
+            v.clone(),
+            &[
+                "remove 127.0.0.19:9009 from the engine",
+                "status attached healthy on node-1 at nbd://127.0.0.11:10809/v",
+            ],
+        ),
+        case(
+            "a replica restarted since the engine took it is not healthy yet",
+            fixture(
+                vec![vol(3, Some("node-1"))],
+                nodes(3),
+                three_running(),
+                vec![{
+                    let mut e = engine(&ALL_RW, Healthy);
+                    e.status.replica_pids.insert("v-r-2".into(), 7);
+                    e
+                }],
+            ),
+            v.clone(),
+            &["status attached degraded on node-1 at nbd://127.0.0.11:10809/v"],
+        ),
+        case(
+            "a replica whose node is down longer than staleReplicaTimeout is replaced",
+            fixture(
+                vec![with_status(vol(3, None), VolumeState::Detached)],
+                vec![
+                    ready_node(1),
+                    ready_node(2),
+                    down_node(3, 120),
+                    ready_node(4),
+                ],
+                three_running(),
+                vec![],
+            ),
+            v.clone(),
+            &[
+                "supersede v-r-3",
+                "create replica on node-4/disk-0 (1 GiB)",
+                "status detached degraded Scheduled=True",
+            ],
+        ),
+        case(
+            "a replica whose node is down shorter than staleReplicaTimeout is waited for",
+            fixture(
+                vec![with_status(vol(3, None), VolumeState::Detached)],
+                vec![
+                    ready_node(1),
+                    ready_node(2),
+                    down_node(3, 30),
+                    ready_node(4),
+                ],
+                three_running(),
+                vec![],
+            ),
+            v.clone(),
+            &["status detached healthy"],
+        ),
+        case(
+            "a superseded replica goes once its replacement is RW",
+            fixture(
+                vec![vol(3, Some("node-1"))],
+                vec![
+                    ready_node(1),
+                    ready_node(2),
+                    down_node(3, 120),
+                    ready_node(4),
+                ],
+                vec![
+                    rep(1, 1, Running),
+                    rep(2, 2, Running),
+                    {
+                        let mut r = rep(3, 3, Running);
+                        r.metadata
+                            .labels
+                            .insert(SUPERSEDED_LABEL.into(), "true".into());
+                        r
+                    },
+                    rep(4, 4, Running),
+                ],
+                vec![engine(&[(1, RW), (2, RW), (4, RW)], Healthy)],
+            ),
+            v.clone(),
+            &[
+                "delete v-r-3 by force",
+                "status attached healthy on node-1 at nbd://127.0.0.11:10809/v",
+            ],
+        ),
+        case(
+            "a faulted engine with every replica up is salvaged, the decision written first",
+            fixture(
+                vec![vol(3, Some("node-1"))],
+                nodes(3),
+                three_running(),
+                vec![engine(&[(1, ERR), (2, ERR), (3, ERR)], Faulted)],
+            ),
+            v.clone(),
+            &[
+                "status creating unknown Salvaging=True",
+                "delete v-e",
+                "status attached faulted on node-1 at nbd://127.0.0.11:10809/v Salvaging=True",
+            ],
+        ),
+        case(
+            "an engine that cannot show a replica current is restarted with --salvage",
+            fixture(
+                vec![vol(3, Some("node-1"))],
+                nodes(3),
+                three_running(),
+                vec![{
+                    let mut e = engine(&ALL_RW, Healthy);
+                    e.status.state = EngineState::Error;
+                    e.status.message =
+                        "no replica can be shown current; start with --salvage".into();
+                    e
+                }],
+            ),
+            v.clone(),
+            &[
+                "update v-e: size 1 GiB v-r-1 v-r-2 v-r-3 salvage",
+                "status attaching healthy",
+            ],
+        ),
+        case(
+            "delete: the engine goes first",
+            fixture(
+                vec![deleting(vol(3, Some("node-1")))],
+                nodes(3),
+                three_running(),
+                vec![engine(&ALL_RW, Healthy)],
+            ),
+            v.clone(),
+            &["status deleting unknown", "delete v-e"],
+        ),
+        case(
+            "delete: then the replicas, by force where no agent runs",
+            fixture(
+                vec![with_status(deleting(vol(3, None)), VolumeState::Deleting)],
+                vec![ready_node(1), ready_node(2), down_node(3, 5)],
+                three_running(),
+                vec![],
+            ),
+            v.clone(),
+            &["delete v-r-1", "delete v-r-2", "delete v-r-3 by force"],
+        ),
+        case(
+            "delete: replicas being removed by their agents are waited for",
+            fixture(
+                vec![with_status(deleting(vol(3, None)), VolumeState::Deleting)],
+                nodes(3),
+                three_running().into_iter().map(deleting).collect(),
+                vec![],
+            ),
+            v.clone(),
+            &[],
+        ),
+        case(
+            "delete: the volume's finalizer goes last",
+            fixture(
+                vec![with_status(deleting(vol(3, None)), VolumeState::Deleting)],
+                nodes(3),
+                vec![],
+                vec![],
+            ),
+            v.clone(),
+            &["remove finalizer"],
+        ),
+        case(
+            "attach for maintenance starts the engine without a frontend",
+            fixture(
+                vec![{
+                    let mut x = vol(3, Some("node-1"));
+                    x.spec.disable_frontend = true;
+                    x
+                }],
+                nodes(3),
+                three_running(),
+                vec![],
+            ),
+            v.clone(),
+            &[
+                "create engine on node-1 with v-r-1 v-r-2 v-r-3 without frontend",
+                "status attaching healthy",
+            ],
+        ),
+        case(
+            "an engine without a frontend is attached with no endpoint",
+            fixture(
+                vec![{
+                    let mut x = vol(3, Some("node-1"));
+                    x.spec.disable_frontend = true;
+                    x
+                }],
+                nodes(3),
+                three_running(),
+                vec![{
+                    let mut e = engine(&ALL_RW, Healthy);
+                    e.spec.disable_frontend = true;
+                    e.status.endpoint = None;
+                    e
+                }],
+            ),
+            v.clone(),
+            &["status attached healthy on node-1"],
+        ),
+        case(
+            "attaching with a frontend restarts an engine that has none",
+            fixture(
+                vec![vol(3, Some("node-1"))],
+                nodes(3),
+                three_running(),
+                vec![{
+                    let mut e = engine(&ALL_RW, Healthy);
+                    e.spec.disable_frontend = true;
+                    e.status.endpoint = None;
+                    e
+                }],
+            ),
+            v.clone(),
+            &["delete v-e", "status attaching healthy"],
+        ),
+        case(
+            "after an expansion the engine and replicas follow the engine's size",
+            fixture(
+                vec![{
+                    let mut x = vol(3, Some("node-1"));
+                    x.spec.size = ByteSize(2 * GIB);
+                    x
+                }],
+                nodes(3),
+                three_running(),
+                vec![{
+                    let mut e = engine(&ALL_RW, Healthy);
+                    e.status.size = Some(ByteSize(2 * GIB));
+                    e
+                }],
+            ),
+            v.clone(),
+            &[
+                "resize v-r-1 to 2 GiB",
+                "resize v-r-2 to 2 GiB",
+                "resize v-r-3 to 2 GiB",
+                "update v-e: size 2 GiB v-r-1 v-r-2 v-r-3",
+                "status attached healthy on node-1 at nbd://127.0.0.11:10809/v",
+            ],
+        ),
+        case(
+            "a detached volume's replicas follow the size its engine grew it to",
+            fixture(
+                vec![{
+                    let mut x = with_status(vol(3, None), VolumeState::Detached);
+                    x.spec.size = ByteSize(2 * GIB);
+                    x
+                }],
+                nodes(3),
+                three_running(),
+                vec![],
+            ),
+            v.clone(),
+            &[
+                "resize v-r-1 to 2 GiB",
+                "resize v-r-2 to 2 GiB",
+                "resize v-r-3 to 2 GiB",
+                "status detached healthy",
+            ],
+        ),
+    ];
+    // Node controller.
+    let quiet = |secs| {
+        let mut n = ready_node(1);
+        n.status.last_heartbeat = Some(ago(secs));
+        n
+    };
+    cases.extend([
+        case(
+            "a node silent for longer than node-down-after is marked not ready",
+            fixture(vec![], vec![quiet(12)], vec![], vec![]),
+            Target::Node("node-1"),
+            &["not ready: no heartbeat for 10 s"],
+        ),
+        case(
+            "a node that heartbeats is left alone",
+            fixture(vec![], vec![quiet(2)], vec![], vec![]),
+            Target::Node("node-1"),
+            &[],
+        ),
+        case(
+            "a node already not ready is not marked again",
+            fixture(vec![], vec![down_node(1, 30)], vec![], vec![]),
+            Target::Node("node-1"),
+            &[],
+        ),
+        case(
+            "node-down-after is what the controller waits",
+            Fixture {
+                settings: vec![Setting::new(
+                    "node-down-after",
+                    SettingSpec { value: "60".into() },
+                )],
+                ..fixture(vec![], vec![quiet(70)], vec![], vec![])
+            },
+            Target::Node("node-1"),
+            &["not ready: no heartbeat for 60 s"],
+        ),
+        case(
+            "node-down-after: 12 s of silence is within 60 s",
+            Fixture {
+                settings: vec![Setting::new(
+                    "node-down-after",
+                    SettingSpec { value: "60".into() },
+                )],
+                ..fixture(vec![], vec![quiet(12)], vec![], vec![])
+            },
+            Target::Node("node-1"),
+            &[],
+        ),
+    ]);
+    // Orphans.
+    cases.extend([
+        case(
+            "an engine whose volume is gone is deleted",
+            fixture(vec![], nodes(1), vec![], vec![engine(&ALL_RW, Healthy)]),
+            Target::Engine("v-e"),
+            &["delete orphan v-e"],
+        ),
+        case(
+            "a replica whose volume is gone waits for the engine to go",
+            fixture(
+                vec![],
+                nodes(1),
+                three_running(),
+                vec![engine(&ALL_RW, Healthy)],
+            ),
+            Target::Replica("v-r-1"),
+            &[],
+        ),
+        case(
+            "a replica whose volume and engine are gone is deleted",
+            fixture(vec![], nodes(1), three_running(), vec![]),
+            Target::Replica("v-r-1"),
+            &["delete orphan v-r-1"],
+        ),
+    ]);
+    cases
+}
+
+/// The decision for `target`, one line per action.
+pub fn decide_lines(w: &World, target: &Target) -> Result<Vec<String>, String> {
+    let lines = |v: Vec<String>| Ok(v);
+    match target {
+        Target::Volume(n) => {
+            let v = w.volume(n).ok_or(format!("no volume {n}"))?;
+            lines(
+                volume::decide(w, v)
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            )
+        }
+        Target::Node(n) => {
+            let x = w.node(n).ok_or(format!("no node {n}"))?;
+            lines(node::decide(w, x).iter().map(ToString::to_string).collect())
+        }
+        Target::Engine(n) => {
+            let e = w.engine(n).ok_or(format!("no engine {n}"))?;
+            lines(
+                gc::decide_engine(w, e)
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            )
+        }
+        Target::Replica(n) => {
+            let r = w.replica(n).ok_or(format!("no replica {n}"))?;
+            lines(
+                gc::decide_replica(w, r)
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            )
+        }
+    }
+}
+
+fn compare(case: &Case, got: Vec<String>) -> Result<(), String> {
+    if got == case.expect {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}:\n  expected {:#?}\n  decided  {:#?}",
+            case.name, case.expect, got
+        ))
+    }
+}
+
+/// Run a case on a world built directly from its objects.
+pub fn check(case: &Case) -> Result<(), String> {
+    let f = case.fixture.clone();
+    let w = World::from_objects(
+        f.now,
+        f.volumes,
+        f.nodes,
+        f.replicas,
+        f.engines,
+        &f.settings,
+    )
+    .map_err(|e| format!("{}: {e}", case.name))?;
+    compare(case, decide_lines(&w, &case.target)?)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaseError {
+    #[error("writing the case's objects: {0}")]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    World(#[from] WorldError),
+    #[error("{0}")]
+    Mismatch(String),
+}
+
+/// Write one object as a client and its controllers would: create (the store ignores
+/// status there), then the status, then a delete if it is being deleted.
+async fn write<R: Resource>(
+    store: &dyn Store,
+    obj: &R,
+    status_of: impl Fn(&R, &mut R),
+) -> Result<(), StoreError> {
+    let mut fresh = obj.clone();
+    let deleting = fresh.metadata_mut().deletion_timestamp.take().is_some();
+    let mut created = store.create_as(&fresh).await?;
+    status_of(obj, &mut created);
+    let updated = store.update_status_as(&created).await?;
+    if deleting {
+        store.delete(R::KIND, updated.name()).await?;
+    }
+    Ok(())
+}
+
+/// Write a case's objects into `store` (which should be empty).
+pub async fn load_into(store: &dyn Store, f: &Fixture) -> Result<(), StoreError> {
+    for s in &f.settings {
+        store.create_as(s).await?;
+    }
+    for n in &f.nodes {
+        write(store, n, |o, c| c.status = o.status.clone()).await?;
+    }
+    for v in &f.volumes {
+        write(store, v, |o, c| c.status = o.status.clone()).await?;
+    }
+    for r in &f.replicas {
+        write(store, r, |o, c| c.status = o.status.clone()).await?;
+    }
+    for e in &f.engines {
+        write(store, e, |o, c| c.status = o.status.clone()).await?;
+    }
+    Ok(())
+}
+
+/// Run a case on a world loaded from `store` after writing the case's objects into it.
+pub async fn check_on_store(case: &Case, store: &dyn Store) -> Result<(), CaseError> {
+    load_into(store, &case.fixture).await?;
+    let w = World::load(store, case.fixture.now).await?;
+    let got = decide_lines(&w, &case.target).map_err(CaseError::Mismatch)?;
+    compare(case, got).map_err(CaseError::Mismatch)
+}

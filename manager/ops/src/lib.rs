@@ -1,0 +1,55 @@
+//! `zebu-ops`: the rules of every user operation, in one place, for every caller.
+//!
+//! [`Ops`] holds a store (any backend, as `Arc<dyn Store>`) and carries out what a person or
+//! a CSI plugin asks: create, get, watch, attach, detach, expand and delete volumes; list,
+//! create, delete and revert snapshots. The REST API, the `zebu` CLI (through the API) and,
+//! later, the CSI plugin call it; none of them has rules of its own.
+//!
+//! Each operation checks its request (names are DNS-1123 labels, sizes whole 4 KiB blocks,
+//! a volume no one can place is refused at once with the scheduler's reason), then writes the
+//! volume's `spec` through the store with a resourceVersion check; the controllers make it so
+//! and write `status`. Operations that act on a volume's data (snapshots, expansion) ask its
+//! running engine through [`engine_rpc`], the one module of the manager that talks to
+//! engines. Errors are [`OpsError`]s, which map to HTTP statuses and gRPC codes.
+//!
+//! [`scheduler`] (a pure function from the cluster's state to replica placements) lives here
+//! because create refuses what can never be placed; the volume controller uses it too.
+//!
+//! ```no_run
+//! # async fn demo(store: std::sync::Arc<dyn zebu_types::Store>) -> Result<(), zebu_ops::OpsError> {
+//! use zebu_ops::Ops;
+//! use zebu_types::requests::{AttachVolume, CreateVolume};
+//! let ops = Ops::new(store);
+//! ops.create_volume(CreateVolume::new("db", "10G".parse().expect("size"))).await?;
+//! ops.attach_volume("db", AttachVolume::default()).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod engine_rpc;
+mod error;
+pub mod scheduler;
+mod snapshot;
+mod volume;
+
+use std::sync::Arc;
+
+use zebu_types::Store;
+
+pub use error::{OpsError, OpsResult};
+pub use volume::{MAX_REPLICAS, VOLUME_ALIGNMENT, VolumeChange};
+
+/// The operations over one store; cheap to clone.
+#[derive(Clone)]
+pub struct Ops {
+    store: Arc<dyn Store>,
+}
+
+impl Ops {
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Ops { store }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+}

@@ -1,0 +1,467 @@
+//! Volume operations: create, get, list, watch, attach, detach, expand, delete.
+//!
+//! Rules, once for every caller:
+//! - A new volume's name is a DNS-1123 label; every other call refuses (400) a name no store
+//!   could hold instead of looking it up, so `a/../b` never reaches a path or a lookup.
+//! - A size is whole 4 KiB blocks (the frontends expose 4 KiB sectors), more than 0.
+//! - A volume that can never be placed (more replicas than nodes under hard anti-affinity,
+//!   bigger than any disk) is refused at create with the scheduler's reason, instead of a
+//!   volume stuck in `creating`. The controller schedules for real afterwards.
+//! - Attach records the node in `spec.nodeId` (and `disableFrontend` for maintenance); a
+//!   volume attached elsewhere must be detached first. Detach clears both.
+//! - Expand grows an attached volume through its engine, then records the size; a detached
+//!   volume has no engine to grow its replicas, and is refused with what to do.
+
+use futures::StreamExt;
+use futures::stream::{self, BoxStream};
+use zebu_types::names::{MAINTENANCE_ANNOTATION, VOLUME_FINALIZER};
+use zebu_types::requests::{AttachVolume, CreateVolume, ExpandVolume};
+use zebu_types::resources::{
+    Engine, EngineState, Node, RebuildState, Replica, Setting, Volume, VolumeSpec,
+};
+use zebu_types::settings::Settings;
+use zebu_types::size::ByteSize;
+use zebu_types::store::{ListParams, StoreError, TypedStore, WatchEvent, WatchStream, from_value};
+use zebu_types::{Kind, ResourceVersion, Store, validate_label, validate_object_name};
+
+use crate::scheduler::{ScheduleRequest, schedule};
+use crate::{Ops, OpsError, OpsResult, engine_rpc};
+
+/// Volumes must be whole 4 KiB blocks: the frontends expose 4 KiB sectors.
+pub const VOLUME_ALIGNMENT: u64 = 4096;
+pub const MAX_REPLICAS: u32 = 20;
+/// Read-modify-write attempts before an edit gives up on a volume that keeps changing.
+const EDIT_ATTEMPTS: usize = 10;
+
+/// One change a volume watch reports.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VolumeChange {
+    /// The current state (first), or the state after a watch had to start over.
+    Added(Volume),
+    Modified(Volume),
+    /// The volume is gone; nothing follows.
+    Deleted(Volume),
+}
+
+/// Refuse a name no store could hold, naming what it was meant to be.
+pub(crate) fn check_name(what: &str, name: &str) -> OpsResult<()> {
+    validate_object_name(name).map_err(|e| OpsError::invalid(format!("{what} {e}")))
+}
+
+fn check_size(size: ByteSize) -> OpsResult<()> {
+    if size.bytes() == 0 {
+        return Err(OpsError::invalid("size must be greater than 0"));
+    }
+    if !size.bytes().is_multiple_of(VOLUME_ALIGNMENT) {
+        return Err(OpsError::invalid(format!(
+            "size {} is not a multiple of 4 KiB",
+            size.bytes()
+        )));
+    }
+    Ok(())
+}
+
+impl Ops {
+    pub async fn settings(&self) -> OpsResult<Settings> {
+        Ok(Settings::from_objects(
+            &self.store.list_as::<Setting>().await?,
+        )?)
+    }
+
+    pub async fn list_volumes(&self) -> OpsResult<Vec<Volume>> {
+        Ok(self.store.list_as::<Volume>().await?)
+    }
+
+    pub async fn list_nodes(&self) -> OpsResult<Vec<Node>> {
+        Ok(self.store.list_as::<Node>().await?)
+    }
+
+    pub async fn get_volume(&self, name: &str) -> OpsResult<Volume> {
+        check_name("volume", name)?;
+        self.store
+            .get_as::<Volume>(name)
+            .await?
+            .ok_or_else(|| OpsError::not_found(Kind::Volume, name))
+    }
+
+    pub async fn create_volume(&self, req: CreateVolume) -> OpsResult<Volume> {
+        validate_label(&req.name).map_err(|e| OpsError::invalid(format!("volume {e}")))?;
+        let size = req
+            .size
+            .resolve()
+            .map_err(|e| OpsError::invalid(e.to_string()))?;
+        check_size(size)?;
+        let settings = self.settings().await?;
+        let replicas = req
+            .number_of_replicas
+            .unwrap_or(settings.default_replica_count);
+        if !(1..=MAX_REPLICAS).contains(&replicas) {
+            return Err(OpsError::invalid(format!(
+                "numberOfReplicas {replicas} is out of range 1..={MAX_REPLICAS}"
+            )));
+        }
+        let mut volume = Volume::new(
+            req.name,
+            VolumeSpec {
+                size,
+                number_of_replicas: replicas,
+                frontend: req.frontend.unwrap_or_default(),
+                node_selector: req.node_selector,
+                disk_selector: req.disk_selector,
+                data_locality: req.data_locality.unwrap_or_default(),
+                stale_replica_timeout: settings.stale_replica_timeout,
+                node_id: None,
+                disable_frontend: false,
+            },
+        );
+        let name = volume.metadata.name.clone();
+        if self.store.get_as::<Volume>(&name).await?.is_some() {
+            return Err(StoreError::AlreadyExists {
+                kind: Kind::Volume,
+                name,
+            }
+            .into());
+        }
+        let nodes = self.store.list_as::<Node>().await?;
+        // Replicas of a former volume of this name are going away.
+        let others: Vec<Replica> = self
+            .store
+            .list_as::<Replica>()
+            .await?
+            .into_iter()
+            .filter(|r| r.spec.volume != name)
+            .collect();
+        schedule(&ScheduleRequest {
+            volume: &volume,
+            nodes: &nodes,
+            replicas: &others,
+            settings: &settings,
+            count: replicas,
+        })
+        .map_err(|e| OpsError::invalid(e.to_string()))?;
+        // The volume controller drops this once the engine and replicas are gone.
+        volume.metadata.finalizers.push(VOLUME_FINALIZER.into());
+        let created = self.store.create_as(&volume).await?;
+        tracing::info!(volume = %created.metadata.name, size = %size, replicas, "volume created");
+        Ok(created)
+    }
+
+    /// Delete a volume: `Some` while its finalizer holds it (the controller removes the
+    /// engine and replicas first), `None` once it is gone.
+    pub async fn delete_volume(&self, name: &str) -> OpsResult<Option<Volume>> {
+        check_name("volume", name)?;
+        match self.store.delete(Kind::Volume, name).await {
+            Ok(held) => {
+                tracing::info!(volume = %name, "volume deleted");
+                Ok(held.map(from_value).transpose()?)
+            }
+            Err(StoreError::NotFound { .. }) => Err(OpsError::not_found(Kind::Volume, name)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Read-modify-write of a volume's spec and metadata, again on resourceVersion conflicts
+    /// (a controller may be writing the same object). `edit` may refuse.
+    pub(crate) async fn edit_volume(
+        &self,
+        name: &str,
+        edit: impl Fn(&mut Volume) -> OpsResult<()>,
+    ) -> OpsResult<Volume> {
+        for _ in 0..EDIT_ATTEMPTS {
+            let mut v = self.get_volume(name).await?;
+            let before = v.clone();
+            edit(&mut v)?;
+            if v == before {
+                return Ok(v);
+            }
+            match self.store.update_as(&v).await {
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::NotFound { .. }) => {
+                    return Err(OpsError::not_found(Kind::Volume, name));
+                }
+                other => return Ok(other?),
+            }
+        }
+        Err(OpsError::Aborted {
+            message: format!("volume {name:?} keeps changing; try again"),
+        })
+    }
+
+    /// A ready node to attach to when the caller names none (on one host they are all local).
+    pub(crate) async fn pick_node(&self, volume: &str) -> OpsResult<String> {
+        self.store
+            .list_as::<Node>()
+            .await?
+            .iter()
+            .find(|n| n.is_ready())
+            .map(|n| n.metadata.name.clone())
+            .ok_or_else(|| OpsError::precondition(volume, "no ready node to attach to"))
+    }
+
+    pub async fn attach_volume(&self, name: &str, req: AttachVolume) -> OpsResult<Volume> {
+        let current = self.get_volume(name).await?;
+        let node = match req.node.or(current.spec.node_id.clone()) {
+            Some(n) => {
+                check_name("node", &n)?;
+                if self.store.get_as::<Node>(&n).await?.is_none() {
+                    return Err(OpsError::invalid(format!("node {n:?} does not exist")));
+                }
+                n
+            }
+            None => self.pick_node(name).await?,
+        };
+        let maintenance = req.maintenance;
+        let v = self
+            .edit_volume(name, |v| {
+                if v.metadata.is_deleting() {
+                    return Err(OpsError::precondition(
+                        name,
+                        format!("volume {name:?} is being deleted"),
+                    ));
+                }
+                match v.spec.node_id.as_deref() {
+                    Some(other) if other != node => Err(OpsError::precondition(
+                        name,
+                        format!("volume {name:?} is already attached to {other}; detach it first"),
+                    )),
+                    Some(_) if v.spec.disable_frontend != maintenance => {
+                        Err(match v.metadata.annotations.get(MAINTENANCE_ANNOTATION) {
+                            Some(why) => OpsError::precondition(
+                                name,
+                                format!(
+                                    "volume {name:?} is held without its frontend ({why}); try again when that is done"
+                                ),
+                            ),
+                            None => OpsError::precondition(
+                                name,
+                                format!(
+                                    "volume {name:?} is attached to {node} {}; detach it first to attach it {}",
+                                    with_frontend(v.spec.disable_frontend),
+                                    with_frontend(maintenance)
+                                ),
+                            ),
+                        })
+                    }
+                    _ => {
+                        v.spec.node_id = Some(node.clone());
+                        v.spec.disable_frontend = maintenance;
+                        Ok(())
+                    }
+                }
+            })
+            .await?;
+        tracing::info!(volume = %name, node = %node, maintenance, "attach requested");
+        Ok(v)
+    }
+
+    pub async fn detach_volume(&self, name: &str) -> OpsResult<Volume> {
+        let v = self
+            .edit_volume(name, |v| {
+                v.spec.node_id = None;
+                v.spec.disable_frontend = false;
+                v.metadata.annotations.remove(MAINTENANCE_ANNOTATION);
+                Ok(())
+            })
+            .await?;
+        tracing::info!(volume = %name, "detach requested");
+        Ok(v)
+    }
+
+    /// The running engine of a volume, if it has one.
+    pub(crate) async fn running_engine(&self, volume: &str) -> OpsResult<Option<Engine>> {
+        Ok(self.store.list_as::<Engine>().await?.into_iter().find(|e| {
+            e.spec.volume == volume
+                && !e.metadata.is_deleting()
+                && e.status.state == EngineState::Running
+                && e.status.control_address.is_some()
+        }))
+    }
+
+    /// Grow an attached volume to `req.size`; see the module docs. Repeating an expansion
+    /// that the engine already did (the manager stopped before recording it) records it.
+    pub async fn expand_volume(&self, name: &str, req: ExpandVolume) -> OpsResult<Volume> {
+        let size = req
+            .size
+            .resolve()
+            .map_err(|e| OpsError::invalid(e.to_string()))?;
+        check_size(size)?;
+        let v = self.get_volume(name).await?;
+        if v.metadata.is_deleting() {
+            return Err(OpsError::precondition(
+                name,
+                format!("volume {name:?} is being deleted"),
+            ));
+        }
+        if size < v.spec.size {
+            return Err(OpsError::invalid(format!(
+                "cannot shrink volume {name:?} from {} to {size}",
+                v.spec.size
+            )));
+        }
+        let Some(engine) = self.running_engine(name).await? else {
+            return Err(OpsError::precondition(
+                name,
+                format!(
+                    "volume {name:?} is not attached: it is expanded by its engine; attach it (zebu volume attach {name} --maintenance), expand it, then detach it"
+                ),
+            ));
+        };
+        if engine
+            .status
+            .rebuild
+            .as_ref()
+            .is_some_and(|r| r.state == RebuildState::Running)
+        {
+            return Err(OpsError::precondition(
+                name,
+                format!("volume {name:?} has a replica rebuilding; expand it when that is done"),
+            ));
+        }
+        if engine.status.size != Some(size) {
+            let control = engine.status.control_address.clone().unwrap_or_default();
+            engine_rpc::expand(&control, size.bytes())
+                .await
+                .map_err(|source| OpsError::Engine {
+                    volume: name.to_string(),
+                    source,
+                })?;
+            tracing::info!(volume = %name, size = %size, "volume expanded by its engine");
+        }
+        // The engine and replica objects follow the engine's size (the volume controller).
+        self.edit_volume(name, |v| {
+            v.spec.size = v.spec.size.max(size);
+            Ok(())
+        })
+        .await
+    }
+
+    /// The volume now, and every change to it until it is deleted. A watch the store can
+    /// no longer resume starts over from a fresh read, reported as `Added`.
+    pub async fn watch_volume(
+        &self,
+        name: &str,
+    ) -> OpsResult<(Volume, BoxStream<'static, OpsResult<VolumeChange>>)> {
+        let volume = self.get_volume(name).await?;
+        struct State {
+            store: std::sync::Arc<dyn Store>,
+            name: String,
+            since: ResourceVersion,
+            stream: Option<WatchStream>,
+            done: bool,
+        }
+        let state = State {
+            store: self.store.clone(),
+            name: name.to_string(),
+            since: volume.metadata.resource_version.clone(),
+            stream: None,
+            done: false,
+        };
+        let changes = stream::unfold(state, |mut st| async move {
+            loop {
+                if st.done {
+                    return None;
+                }
+                if st.stream.is_none() {
+                    match st.store.watch(Kind::Volume, &st.since).await {
+                        Ok(s) => st.stream = Some(s),
+                        Err(StoreError::Expired { .. }) => match restart(&mut st).await {
+                            Ok(Some(change)) => return Some((Ok(change), st)),
+                            Ok(None) => continue,
+                            Err(e) => {
+                                st.done = true;
+                                return Some((Err(e), st));
+                            }
+                        },
+                        Err(e) => {
+                            st.done = true;
+                            return Some((Err(e.into()), st));
+                        }
+                    }
+                }
+                let next = match st.stream.as_mut() {
+                    Some(s) => s.next().await,
+                    None => continue,
+                };
+                match next {
+                    Some(Ok(ev)) => {
+                        st.since = ev.resource_version();
+                        let Some(obj) = ev.object() else { continue };
+                        if zebu_types::store::object_name(obj) != st.name {
+                            continue;
+                        }
+                        let decoded = from_value::<Volume>(obj.clone()).map_err(OpsError::from);
+                        let change = match (ev, decoded) {
+                            (_, Err(e)) => Err(e),
+                            (WatchEvent::Added(_), Ok(v)) => Ok(VolumeChange::Added(v)),
+                            (WatchEvent::Deleted(_), Ok(v)) => {
+                                st.done = true;
+                                Ok(VolumeChange::Deleted(v))
+                            }
+                            (_, Ok(v)) => Ok(VolumeChange::Modified(v)),
+                        };
+                        return Some((change, st));
+                    }
+                    Some(Err(StoreError::Expired { .. })) => {
+                        st.stream = None;
+                        match restart(&mut st).await {
+                            Ok(Some(change)) => return Some((Ok(change), st)),
+                            Ok(None) => continue,
+                            Err(e) => {
+                                st.done = true;
+                                return Some((Err(e), st));
+                            }
+                        }
+                    }
+                    Some(Err(e)) => {
+                        st.done = true;
+                        return Some((Err(e.into()), st));
+                    }
+                    // The watch ended: resume from the last version seen.
+                    None => st.stream = None,
+                }
+            }
+        });
+
+        /// After an expiry: list again, report the volume as it is now (or gone), and go on
+        /// from the list's version.
+        async fn restart(st: &mut State) -> OpsResult<Option<VolumeChange>> {
+            let list = st.store.list(Kind::Volume, &ListParams::all()).await?;
+            st.since = list.resource_version;
+            let now = list
+                .items
+                .into_iter()
+                .find(|o| zebu_types::store::object_name(o) == st.name);
+            match now {
+                Some(o) => Ok(Some(VolumeChange::Added(from_value(o)?))),
+                None => {
+                    st.done = true;
+                    let mut gone = Volume::new(
+                        st.name.clone(),
+                        VolumeSpec {
+                            size: ByteSize(0),
+                            number_of_replicas: 0,
+                            frontend: Default::default(),
+                            node_selector: vec![],
+                            disk_selector: vec![],
+                            data_locality: Default::default(),
+                            stale_replica_timeout: 0,
+                            node_id: None,
+                            disable_frontend: false,
+                        },
+                    );
+                    gone.metadata.resource_version = st.since.clone();
+                    Ok(Some(VolumeChange::Deleted(gone)))
+                }
+            }
+        }
+        Ok((volume, changes.boxed()))
+    }
+}
+
+fn with_frontend(disabled: bool) -> &'static str {
+    if disabled {
+        "without its frontend"
+    } else {
+        "with its frontend"
+    }
+}

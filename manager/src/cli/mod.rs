@@ -1,0 +1,35 @@
+//! The `zebu` command line: `zebu up` runs a one-host cluster in the foreground; every other
+//! command is a call to a running manager's REST API through the typed [`Client`].
+//!
+//! - [`args`]: the arguments (clap), checked as far as they can be without the cluster;
+//! - [`commands`]: what each command does;
+//! - [`render`]: tables, JSON and YAML;
+//! - [`up`]: `zebu up`.
+//!
+//! Bad input gets one line on stderr and exit code 2 (argument errors) or 1 (the API refused
+//! or could not be reached); `-o json|yaml` prints the objects exactly as the API returns
+//! them, `-o table` a summary.
+//!
+//! [`Client`]: crate::client::Client
+
+pub mod args;
+pub mod commands;
+pub mod render;
+pub mod up;
+
+pub use args::{Cli, Command, parse_args};
+pub use render::is_broken_pipe;
+
+use crate::client::Client;
+
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let out = cli.output;
+    // `zebu up` serves the API; every other command needs a valid address of one.
+    let client = || Client::new(&cli.api);
+    match cli.command {
+        Command::Up(args) => up::up(args).await,
+        Command::Node(cmd) => commands::node(&client()?, out, cmd).await,
+        Command::Volume(cmd) => commands::volume(&client()?, out, cmd).await,
+        Command::Snapshot(cmd) => commands::snapshot(&client()?, out, cmd).await,
+    }
+}
