@@ -481,3 +481,87 @@ fn scrub_reports_unverified_layers_instead_of_checking_them() {
         assert_eq!(s.sums[0], block_crc(&block(1)), "computed from the data");
     });
 }
+
+#[test]
+fn a_layer_whose_checksum_file_is_gone_is_unverified_until_its_sums_are_computed_again() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        r.write(0, block(1)).await.expect("write");
+        r.close().await.expect("close");
+        drop(r);
+        std::fs::remove_file(sum_path(dir.path(), LayerId(1))).expect("remove sums");
+        let r = Replica::open(dir.path(), io(CacheMode::Page))
+            .await
+            .expect("open");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while r.info().unverified_bytes > 0 {
+            assert!(std::time::Instant::now() < deadline, "sums never computed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            r.read_verified(0, BLOCK_SIZE)
+                .await
+                .expect("read")
+                .corrupt
+                .is_empty()
+        );
+        flip(dir.path(), 1, 7);
+        assert_eq!(
+            r.read_verified(0, BLOCK_SIZE).await.expect("read").corrupt,
+            vec![0]
+        );
+    });
+}
+
+#[test]
+fn with_checksums_off_nothing_is_checked_and_turning_them_on_recomputes_them() {
+    rt().block_on(async {
+        let off = || {
+            IoEngine::with_config(
+                BackendKind::Auto,
+                IoConfig {
+                    checksums: false,
+                    ..IoConfig::default()
+                },
+            )
+            .expect("io engine")
+        };
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        r.write(0, block(1)).await.expect("write");
+        r.close().await.expect("close");
+        drop(r);
+        let r = Replica::open(dir.path(), off()).await.expect("open off");
+        assert!(r.info().unverified_bytes > 0, "every layer unverified");
+        r.write(0, block(2)).await.expect("write without a sum");
+        flip(dir.path(), 1, 9);
+        assert!(
+            r.read_verified(0, BLOCK_SIZE)
+                .await
+                .expect("read")
+                .corrupt
+                .is_empty()
+        );
+        r.close().await.expect("close");
+        drop(r);
+        // On again: the stale sum of block 0 (block 1's) is never trusted; it is recomputed.
+        let r = Replica::open(dir.path(), io(CacheMode::Page))
+            .await
+            .expect("open on");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while r.info().unverified_bytes > 0 {
+            assert!(std::time::Instant::now() < deadline, "sums never computed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let got = r.read_verified(0, BLOCK_SIZE).await.expect("read");
+        assert!(
+            got.corrupt.is_empty(),
+            "no false mismatch after checksums were off"
+        );
+    });
+}

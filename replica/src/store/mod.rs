@@ -399,8 +399,8 @@ impl Replica {
     /// the checksums of regions written since the last flush are settled.
     pub async fn open(dir: &Path, io: IoEngine) -> Result<Arc<Replica>> {
         let d = dir.to_owned();
-        let cache = io.cache();
-        let opened = blocking("open replica", move || open_files(&d, cache)).await?;
+        let (cache, checksums) = (io.cache(), io.checksums());
+        let opened = blocking("open replica", move || open_files(&d, cache, checksums)).await?;
         let Opened {
             meta,
             chain,
@@ -434,11 +434,15 @@ impl Replica {
             adopted_total: AtomicU64::new(0),
             corrupt_found: AtomicU64::new(0),
         });
-        if !clean {
-            replica.settle().await?;
-        }
-        if unverified {
-            replica.spawn_sum_builder();
+        if !checksums {
+            tracing::warn!(dir = %dir.display(), "checksums are off: nothing read is verified, and every layer's checksums are computed anew when they are on again");
+        } else {
+            if !clean {
+                replica.settle().await?;
+            }
+            if unverified {
+                replica.spawn_sum_builder();
+            }
         }
         Ok(replica)
     }
@@ -705,11 +709,12 @@ impl Replica {
     }
 
     /// Writes block-aligned data (offset and length; its memory need not be) to the head,
-    /// its checksums first (`sums.rs`). The caller holds the gate.
+    /// then its checksums (`sums.rs`: why in that order). The caller holds the gate.
     async fn write_aligned(&self, offset: u64, data: Bytes, sums: Option<BlockSums>) -> Result<()> {
         let range = offset..offset + data.len() as u64;
         let sums = match sums {
             Some(s) if s.len() as u64 * BLOCK_SIZE == data.len() as u64 => s,
+            _ if !self.io.checksums() => BlockSums::default(),
             _ => BlockSums::of(&data).expect("invariant: aligned writes are whole blocks"),
         };
         let _ticket = self.regions.begin_write(range.clone()).await?;
@@ -718,16 +723,18 @@ impl Replica {
             (c.head_file(), c.head_sums())
         };
         let len = data.len();
-        head_sums
-            .write(offset / BLOCK_SIZE, &sums)
-            .map_err(io_err(format!(
-                "write {} checksums at {offset}",
-                sums.len()
-            )))?;
         self.io
             .write_bytes_at(&head, offset, data)
             .await
             .map_err(io_err(format!("write {len} bytes at {offset}")))?;
+        if self.io.checksums() {
+            head_sums
+                .write(offset / BLOCK_SIZE, &sums)
+                .map_err(io_err(format!(
+                    "write {} checksums at {offset}",
+                    sums.len()
+                )))?;
+        }
         // An overwrite of blocks the head already holds changes nothing in the index; the
         // check under the shared lock spares the exclusive one (and the map's churn) then.
         let blocks = blocks(&range);
@@ -1022,7 +1029,7 @@ struct Opened {
 }
 
 /// The blocking part of [`Replica::open`]: loads and repairs the directory, opens every file.
-fn open_files(d: &Path, cache: CacheMode) -> Result<Opened> {
+fn open_files(d: &Path, cache: CacheMode, checksums: bool) -> Result<Opened> {
     if !d.join(META_FILE).exists() {
         return Err(ReplicaError::NotAReplica {
             dir: d.to_owned(),
@@ -1069,7 +1076,8 @@ fn open_files(d: &Path, cache: CacheMode) -> Result<Opened> {
             .map_err(io_err(format!("open {}", path.display())))?;
         files.insert(l.id, Arc::new(f));
         let spath = sum_path(d, l.id);
-        let s = if !upgrade && spath.exists() {
+        let had_sums = spath.exists();
+        let s = if !upgrade && had_sums {
             Arc::new(
                 SumFile::open(&spath, false)
                     .map_err(io_err(format!("open {}", spath.display())))?,
@@ -1085,7 +1093,9 @@ fn open_files(d: &Path, cache: CacheMode) -> Result<Opened> {
             create_sum_file(d, l.id)?
         };
         sums.insert(l.id, s);
-        if upgrade || (!spath.exists() && !l.unverified) {
+        // A layer whose checksum file was just made does not have its sums; without
+        // checksums no layer's sums are kept from here on (`IoConfig::checksums`).
+        if (upgrade || !had_sums || !checksums) && !l.unverified {
             l.unverified = true;
             changed = true;
         }

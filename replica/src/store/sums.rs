@@ -28,9 +28,12 @@
 //! io_uring (`O_DIRECT`) while the sum is a buffered `pwrite`; no order between them survives
 //! every crash. So consistency comes from the flush and the region record instead:
 //!
-//! - Head writes (writes, unmap zeroing, repairs): the sum is written, then the data, both
+//! - Head writes (writes, unmap zeroing, repairs): the data is written, then its sum, both
 //!   under the write's region ticket (`regions.rs`), so the region is durably marked dirty
-//!   *before* either changes. A flush fdatasyncs the head and its checksum file (in
+//!   *before* either changes. (Either order would do, since every head write left half done
+//!   is settled at open, below; data first means an `O_DIRECT` write that the kernel
+//!   completes after a kill -9 is the common half-done case, rather than a rare window
+//!   between two buffered writes. Unmap zeroing writes the sums of zeros first.) A flush fdatasyncs the head and its checksum file (in
 //!   parallel) before it records the flush number: everything written before a completed
 //!   flush has its data and sum on disk together. So after any crash, a head block whose sum
 //!   may disagree with its data lies in a region marked dirty (written since the last
