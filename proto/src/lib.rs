@@ -41,5 +41,5 @@ pub mod engine {
     tonic::include_proto!("zebu.engine.v1");
 
     /// The version this build speaks; see the changelog at the top of `engine.proto`.
-    pub const PROTOCOL_VERSION: u32 = 1;
+    pub const PROTOCOL_VERSION: u32 = 2;
 }
