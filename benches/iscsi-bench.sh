@@ -18,7 +18,7 @@
 #   directory, all in WORKDIR (same disk), on loopback portals, with 512-byte blocks. tgt
 #   uses its default `rdwr` backing store (pread/pwrite in worker threads), the closest
 #   match to the example's FileDevice.
-# - Each target is measured by /work/shared/scripts/perf-iscsi.sh (iscsi-perf random 4 KiB
+# - Each target is measured by the shared perf-iscsi.sh (iscsi-perf random 4 KiB
 #   reads at QD32 and sequential 1 MiB reads at QD8; qemu-img bench sequential writes at
 #   4 KiB QD32, 1 MiB QD8, 4 KiB QD1 and reads 4 KiB QD32), median of REPS runs, together
 #   with the target process's CPU use (for the engine: the engine process; the replica's
@@ -26,7 +26,9 @@
 #   in memory), then the engine, then tgt (rdwr, then null), back to back, so that all rows
 #   come from the same machine state; the ratio columns are IOPS / tgt (rdwr) IOPS.
 # - The write rows need qemu-img with libiscsi support: qemu-utils and qemu-block-extra of
-#   the same version (see /work/shared/scripts/README.md).
+#   the same version (see the shared scripts' README.md).
+# - The shared test scripts are found where CI keeps them, in `shared/scripts` beside the
+#   checkout (`<repo>/../shared/scripts`), or in ZEBU_SHARED_SCRIPTS, as the tests find them.
 # - The example, zebu-engine and zebu-replica are built in release mode (logging at warn). Nothing else heavy should run meanwhile: this
 #   machine has 2 shared cores and a shared virtual disk, so compare only rows of one run.
 #
@@ -36,10 +38,15 @@
 #        ZEBU_ENGINE_ARGS [extra `zebu-engine serve` arguments, e.g. "--busy-poll-us 200"],
 #        ZEBU_LOCAL_HOST [127.0.0.11: the replica is on the engine's node and its data moves
 #        over its local Unix socket, as with data locality; empty: over TCP]
-#        BOUNDS [1: also measure the two ceilings; 0: skip them]
+#        BOUNDS [1: also measure the two ceilings; 0: skip them],
+#        ZEBU_SHARED_SCRIPTS [the shared test scripts; default <repo>/../shared/scripts]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SCRIPTS=/work/shared/scripts
+SCRIPTS=${ZEBU_SHARED_SCRIPTS:-$PWD/../shared/scripts}
+if [[ ! -x $SCRIPTS/perf-iscsi.sh ]]; then
+  echo "iscsi-bench: no shared test scripts in $SCRIPTS (set ZEBU_SHARED_SCRIPTS)" >&2
+  exit 2
+fi
 PORT_ZEBU=${PORT_ZEBU:-3290}
 PORT_TGT=${PORT_TGT:-3291}
 PORT_ENGINE=${PORT_ENGINE:-3292}

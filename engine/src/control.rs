@@ -8,7 +8,7 @@ use zebu_proto::engine as pb;
 use zebu_proto::engine::engine_server::Engine;
 
 use crate::blockdev::BlockDevice;
-use crate::replicator::{Mode, Volume};
+use crate::replicator::{Mode, ScrubReport, ScrubState, Volume};
 
 /// Serves one volume's control API.
 pub struct ControlService {
@@ -47,7 +47,13 @@ impl ControlService {
         } else {
             "degraded"
         };
+        let integrity = self.volume.integrity();
         pb::VolumeInfo {
+            integrity: Some(pb::IntegrityCounters {
+                corrupt_reads: integrity.corrupt_reads,
+                repaired_blocks: integrity.repaired_blocks,
+                unrecoverable_blocks: integrity.unrecoverable_blocks,
+            }),
             protocol_version: pb::PROTOCOL_VERSION,
             name: self.volume.name().to_string(),
             size: self.volume.size(),
@@ -88,6 +94,41 @@ impl ControlService {
 
 fn bad(e: String) -> Status {
     Status::failed_precondition(e)
+}
+
+fn scrub_to_pb(r: ScrubReport) -> pb::ScrubReport {
+    pb::ScrubReport {
+        state: match r.state {
+            ScrubState::Never => pb::ScrubState::Unspecified,
+            ScrubState::Running => pb::ScrubState::Running,
+            ScrubState::Done => pb::ScrubState::Done,
+            ScrubState::Stopped => pb::ScrubState::Stopped,
+            ScrubState::Failed => pb::ScrubState::Failed,
+        } as i32,
+        started_unix_ms: r.started_unix_ms,
+        finished_unix_ms: r.finished_unix_ms,
+        bytes_scanned: r.bytes_scanned,
+        bytes_total: r.bytes_total,
+        bytes_verified: r.bytes_verified,
+        bytes_per_second: r.bytes_per_second,
+        rate_limit: r.rate_limit,
+        corrupt_found: r.corrupt_found,
+        repaired: r.repaired,
+        unrecoverable: r.unrecoverable,
+        divergent: r.divergent,
+        divergent_repaired: r.divergent_repaired,
+        bytes_unverified: r.bytes_unverified,
+        replicas: r.replicas,
+        error: r.error,
+    }
+}
+
+fn scrub_status(v: &Volume) -> pb::ScrubInfo {
+    let (current, last) = v.scrub_status();
+    pb::ScrubInfo {
+        current: Some(scrub_to_pb(current)),
+        last_done: last.map(scrub_to_pb),
+    }
 }
 
 #[tonic::async_trait]
@@ -197,6 +238,31 @@ impl Engine for ControlService {
             bytes_copied: s.bytes_copied,
             error: s.error,
         }))
+    }
+
+    async fn scrub_start(
+        &self,
+        r: Request<pb::ScrubStartRequest>,
+    ) -> Result<Response<pb::ScrubInfo>, Status> {
+        self.volume
+            .start_scrub(r.into_inner().rate_bytes_per_second)
+            .map_err(bad)?;
+        Ok(Response::new(scrub_status(&self.volume)))
+    }
+
+    async fn scrub_stop(
+        &self,
+        _: Request<pb::ScrubStopRequest>,
+    ) -> Result<Response<pb::ScrubInfo>, Status> {
+        self.volume.stop_scrub();
+        Ok(Response::new(scrub_status(&self.volume)))
+    }
+
+    async fn scrub_status(
+        &self,
+        _: Request<pb::ScrubStatusRequest>,
+    ) -> Result<Response<pb::ScrubInfo>, Status> {
+        Ok(Response::new(scrub_status(&self.volume)))
     }
 }
 

@@ -16,7 +16,7 @@
 //! use zebu_engine::blockdev::BlockDevice;
 //! use zebu_engine::replicator::{StartOptions, Volume, VolumeConfig};
 //! let config = VolumeConfig { name: "vol".into(), size: 1 << 30, io_timeout: Duration::from_secs(5),
-//!     local_hosts: vec![], data_transport: Default::default() };
+//!     local_hosts: vec![], data_transport: Default::default(), checksums: true };
 //! let replicas = vec!["127.0.0.11:9501".into(), "127.0.0.12:9501".into()];
 //! let (volume, _stale) = Volume::start(StartOptions { config, replicas, salvage: false }).await?;
 //! volume.write(0, bytes::Bytes::from(vec![1u8; 4096])).await?;

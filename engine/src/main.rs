@@ -4,6 +4,8 @@
 //! zebu-engine serve --volume vol --size 10G --replica 127.0.0.11:9501 --replica 127.0.0.12:9501 \
 //!     --control 127.0.0.1:9600 --frontend nbd --nbd-listen 127.0.0.1:10809
 //! zebu-engine --control 127.0.0.1:9600 info --json
+//! zebu-engine --control 127.0.0.1:9600 scrub start --rate 64M
+//! zebu-engine --control 127.0.0.1:9600 scrub status --json
 //! ```
 
 use std::net::SocketAddr;
@@ -15,7 +17,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tokio::signal::unix::{SignalKind, signal};
 use zebu_engine::blockdev::BlockDevice;
 use zebu_engine::busypoll::{self, BusyPoll, Polled};
-use zebu_engine::cli_args::{parse_duration, parse_size};
+use zebu_engine::cli_args::{parse_bytes, parse_duration, parse_size};
 use zebu_engine::control::ControlService;
 use zebu_engine::iscsi::{IscsiConfig, IscsiServer, chap::Chap, target_iqn};
 use zebu_engine::nbd::{NbdConfig, NbdServer};
@@ -61,6 +63,24 @@ enum Cmd {
     },
     /// Progress of the current or last rebuild.
     RebuildStatus,
+    /// Check every block of every replica against its checksum, compare the replicas and
+    /// repair what can be.
+    #[command(subcommand)]
+    Scrub(ScrubCmd),
+}
+
+#[derive(Subcommand)]
+enum ScrubCmd {
+    /// Start a scrub in the background.
+    Start {
+        /// Data read per second, summed over the replicas (e.g. 64M; 0: the engine's default).
+        #[arg(long, value_parser = parse_bytes, default_value = "0")]
+        rate: u64,
+    },
+    /// Stop the running scrub.
+    Stop,
+    /// The running (or last) scrub and the last one that finished.
+    Status,
 }
 
 #[derive(clap::Args)]
@@ -111,6 +131,16 @@ struct ServeArgs {
     /// grpc (the gRPC Data stream). Control calls always use gRPC.
     #[arg(long, default_value = "frames")]
     data_transport: DataTransport,
+    /// Compute and send the block checksums of every write. `off` is for measuring what
+    /// checksums cost (with replicas started with `--checksums off` too).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    checksums: OnOff,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(Subcommand)]
@@ -193,6 +223,7 @@ async fn serve(args: ServeArgs, control: Option<String>) -> anyhow::Result<()> {
         io_timeout: args.io_timeout,
         local_hosts: args.local_hosts.clone(),
         data_transport: args.data_transport,
+        checksums: args.checksums == OnOff::On,
     };
     let (volume, stale) = Volume::start(StartOptions {
         config,
@@ -366,6 +397,21 @@ async fn client(cmd: Cmd, control: Option<String>, json: bool) -> anyhow::Result
                 .into_inner();
             print_info(&i, json, false);
         }
+        Cmd::Scrub(s) => {
+            let st = match s {
+                ScrubCmd::Start { rate } => {
+                    c.scrub_start(pb::ScrubStartRequest {
+                        rate_bytes_per_second: rate,
+                    })
+                    .await
+                }
+                ScrubCmd::Stop => c.scrub_stop(pb::ScrubStopRequest {}).await,
+                ScrubCmd::Status => c.scrub_status(pb::ScrubStatusRequest {}).await,
+            }
+            .map_err(st)?
+            .into_inner();
+            print_scrub(&st, json);
+        }
         Cmd::RebuildStatus => {
             let s = c
                 .rebuild_status(pb::RebuildStatusRequest {})
@@ -405,6 +451,9 @@ async fn client(cmd: Cmd, control: Option<String>, json: bool) -> anyhow::Result
 }
 
 fn print_info(i: &pb::VolumeInfo, json: bool, replicas_only: bool) {
+    let g = i.integrity.unwrap_or_default();
+    let integrity = serde_json::json!({"corruptReads": g.corrupt_reads,
+        "repairedBlocks": g.repaired_blocks, "unrecoverableBlocks": g.unrecoverable_blocks});
     let reps: Vec<serde_json::Value> = i
         .replicas
         .iter()
@@ -417,6 +466,7 @@ fn print_info(i: &pb::VolumeInfo, json: bool, replicas_only: bool) {
             serde_json::json!({
                 "name": i.name, "size": i.size, "state": i.state, "generation": i.generation, "epoch": i.epoch,
                 "members": i.members, "flushNumber": i.flush_number, "replicas": reps,
+                "integrity": integrity,
                 "frontends": i.frontends.iter().map(|f| serde_json::json!({"kind": f.kind, "endpoint": f.endpoint})).collect::<Vec<_>>(),
             })
         };
@@ -427,6 +477,11 @@ fn print_info(i: &pb::VolumeInfo, json: bool, replicas_only: bool) {
         println!(
             "volume {} ({} bytes): {}, generation {}, epoch {}",
             i.name, i.size, i.state, i.generation, i.epoch
+        );
+        let g = i.integrity.unwrap_or_default();
+        println!(
+            "checksums: {} corrupt reads, {} blocks repaired, {} blocks unrecoverable",
+            g.corrupt_reads, g.repaired_blocks, g.unrecoverable_blocks
         );
         for f in &i.frontends {
             println!("frontend {} {}", f.kind, f.endpoint);
@@ -461,6 +516,68 @@ fn print_snapshots(l: &pb::Snapshots, json: bool) {
         println!(
             "{:<28} {:<28} {:>6} {:>14} {}",
             name, s.parent, s.user_created, s.data_bytes, s.created
+        );
+    }
+}
+
+fn scrub_json(r: &pb::ScrubReport) -> serde_json::Value {
+    let state = pb::ScrubState::try_from(r.state).unwrap_or(pb::ScrubState::Unspecified);
+    serde_json::json!({
+        "state": scrub_state_name(state), "startedUnixMs": r.started_unix_ms,
+        "finishedUnixMs": r.finished_unix_ms, "bytesScanned": r.bytes_scanned,
+        "bytesTotal": r.bytes_total, "bytesVerified": r.bytes_verified,
+        "bytesPerSecond": r.bytes_per_second, "rateLimit": r.rate_limit,
+        "corruptFound": r.corrupt_found, "repaired": r.repaired,
+        "unrecoverable": r.unrecoverable, "divergent": r.divergent,
+        "divergentRepaired": r.divergent_repaired, "bytesUnverified": r.bytes_unverified,
+        "replicas": r.replicas, "error": r.error,
+    })
+}
+
+fn scrub_state_name(s: pb::ScrubState) -> &'static str {
+    match s {
+        pb::ScrubState::Unspecified => "none",
+        pb::ScrubState::Running => "running",
+        pb::ScrubState::Done => "done",
+        pb::ScrubState::Stopped => "stopped",
+        pb::ScrubState::Failed => "failed",
+    }
+}
+
+fn print_scrub(s: &pb::ScrubInfo, json: bool) {
+    if json {
+        let v = serde_json::json!({
+            "current": s.current.as_ref().map(scrub_json),
+            "lastDone": s.last_done.as_ref().map(scrub_json),
+        });
+        println!("{v}");
+        return;
+    }
+    for (what, r) in [("scrub", &s.current), ("last done", &s.last_done)] {
+        let Some(r) = r else { continue };
+        let state = pb::ScrubState::try_from(r.state).unwrap_or(pb::ScrubState::Unspecified);
+        let pct = if r.bytes_total > 0 {
+            100.0 * r.bytes_scanned as f64 / r.bytes_total as f64
+        } else {
+            0.0
+        };
+        println!(
+            "{what}: {} {pct:.0}% ({} of {} bytes), {} bytes checked at {} B/s; {} corrupt, {} repaired, {} unrecoverable, {} divergent ({} repaired){}",
+            scrub_state_name(state),
+            r.bytes_scanned,
+            r.bytes_total,
+            r.bytes_verified,
+            r.bytes_per_second,
+            r.corrupt_found,
+            r.repaired,
+            r.unrecoverable,
+            r.divergent,
+            r.divergent_repaired,
+            if r.error.is_empty() {
+                String::new()
+            } else {
+                format!("; error: {}", r.error)
+            }
         );
     }
 }

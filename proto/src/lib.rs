@@ -6,7 +6,9 @@
 //! - [`engine`]: manager or CLI ⇄ engine (volume info, replicas, snapshots, rebuilds),
 //!   version [`engine::PROTOCOL_VERSION`].
 //! - [`frames`]: the replica data stream as fixed binary frames on plain TCP (no HTTP/2),
-//!   version [`frames::VERSION`]; same semantics as the gRPC `Data` stream.
+//!   version [`frames::VERSION`]; same semantics as the gRPC `Data` stream, and the one
+//!   request and response type both transports decode into.
+//! - [`sums`]: the CRC32C block checksums that writes carry and replicas store.
 //! - [`csi`]: the Container Storage Interface v1.12 (package `csi.v1`), vendored unchanged,
 //!   which the `zebu-csi` plugin serves.
 //!
@@ -17,6 +19,7 @@
 //! ```
 
 pub mod frames;
+pub mod sums;
 
 /// The replica protocol (package `zebu.replica.v1`).
 pub mod replica {
@@ -24,7 +27,9 @@ pub mod replica {
     tonic::include_proto!("zebu.replica.v1");
 
     /// The version this build speaks; see the changelog at the top of `replica.proto`.
-    pub const PROTOCOL_VERSION: u32 = 1;
+    pub const PROTOCOL_VERSION: u32 = 3;
+    /// The oldest version of a gRPC data hello this build accepts.
+    pub const MIN_PROTOCOL_VERSION: u32 = 1;
     /// The largest gRPC message either side sends or accepts.
     pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
     /// The most one read or write on the data stream moves; engines split larger I/O. Leaves
@@ -38,7 +43,7 @@ pub mod engine {
     tonic::include_proto!("zebu.engine.v1");
 
     /// The version this build speaks; see the changelog at the top of `engine.proto`.
-    pub const PROTOCOL_VERSION: u32 = 1;
+    pub const PROTOCOL_VERSION: u32 = 2;
 }
 
 /// The Container Storage Interface, v1.12.0 (package `csi.v1`; `proto/csi.proto`).

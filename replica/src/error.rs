@@ -32,6 +32,15 @@ pub enum ReplicaError {
     Corrupt { path: PathBuf, why: String },
     #[error("no space left on the replica's disk: {0}")]
     NoSpace(String),
+    /// Blocks whose data does not match the checksum stored with them: the data there is
+    /// damaged (or was never completely written) and must not be served as good.
+    #[error("{} block(s) of {offset}+{length} fail their checksum (first at offset {})", blocks.len(), blocks.first().copied().unwrap_or(*offset))]
+    ChecksumMismatch {
+        offset: u64,
+        length: u64,
+        /// Byte offsets of the failing 4 KiB blocks.
+        blocks: Vec<u64>,
+    },
     #[error("{what}: {source}")]
     Io {
         what: String,

@@ -57,6 +57,11 @@ enum Command {
         /// contract.
         #[arg(long, value_enum, default_value_t = CacheArg::Page)]
         cache: CacheArg,
+        /// Keep and check block checksums. `off` is for measuring what they cost: nothing
+        /// read is verified, and every layer's checksums are computed anew the next time the
+        /// replica serves with them on.
+        #[arg(long, value_enum, default_value_t = OnOff::On)]
+        checksums: OnOff,
     },
     /// Print a replica's size, layer chain, generation, epoch and flush number.
     Info {
@@ -73,6 +78,12 @@ enum IoArg {
     Auto,
     Uring,
     Threads,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -169,7 +180,15 @@ fn main() -> ExitCode {
                 size,
                 io,
                 cache,
-            } => serve(&dir, listen, size, io.into(), cache.into()).await,
+                checksums,
+            } => {
+                let config = IoConfig {
+                    cache: cache.into(),
+                    checksums: checksums == OnOff::On,
+                    ..IoConfig::default()
+                };
+                serve(&dir, listen, size, io.into(), config).await
+            }
             Command::Info { dir, json } => print_info(&dir, json).await,
         }
     });
@@ -189,12 +208,8 @@ async fn serve(
     listen: SocketAddr,
     size: u64,
     io: BackendKind,
-    cache: CacheMode,
+    config: IoConfig,
 ) -> anyhow::Result<()> {
-    let config = IoConfig {
-        cache,
-        ..IoConfig::default()
-    };
     let io = IoEngine::with_config(io, config).context("cannot start the I/O engine")?;
     info!(backend = %io.backend(), cache = %io.cache(), "I/O engine ready");
     let replica = Replica::open_or_create(dir, size, io.clone())

@@ -634,6 +634,8 @@ pub struct Cluster {
     pub dirs: Vec<PathBuf>,
     pub replicas: Vec<Option<crate::ReplicaProcess>>,
     pub engine: Option<EngineProcess>,
+    /// More `zebu-replica serve` arguments, for starts and restarts.
+    pub replica_args: Vec<String>,
 }
 
 impl Cluster {
@@ -646,16 +648,27 @@ impl Cluster {
 
     /// Starts the three replicas but no engine (the caller adjusts `cfg` first).
     pub fn replicas_only(volume: &str, size: u64) -> anyhow::Result<Cluster> {
+        Self::replicas_only_with(volume, size, &[])
+    }
+
+    /// [`Cluster::replicas_only`] with more `zebu-replica serve` arguments for every replica,
+    /// kept for their restarts (e.g. `--cache direct`).
+    pub fn replicas_only_with(
+        volume: &str,
+        size: u64,
+        replica_args: &[&str],
+    ) -> anyhow::Result<Cluster> {
         let tmp = tempfile::tempdir()?;
         let mut replicas = Vec::new();
         let mut dirs = Vec::new();
         for i in 0..3u8 {
             let dir = tmp.path().join(format!("r{}", i + 1));
             std::fs::create_dir_all(&dir)?;
-            replicas.push(Some(crate::ReplicaProcess::start(
+            replicas.push(Some(crate::ReplicaProcess::start_with(
                 &dir,
                 size,
                 crate::loopback(11 + i),
+                replica_args,
             )?));
             dirs.push(dir);
         }
@@ -669,6 +682,7 @@ impl Cluster {
             dirs,
             replicas,
             engine: None,
+            replica_args: replica_args.iter().map(|a| a.to_string()).collect(),
         })
     }
 
@@ -712,7 +726,8 @@ impl Cluster {
         // A killed server's port may linger for a moment; retry the bind briefly.
         let mut last = None;
         for _ in 0..50 {
-            match crate::ReplicaProcess::start_at(dir, self.size, self.addrs[i], &[]) {
+            let args: Vec<&str> = self.replica_args.iter().map(String::as_str).collect();
+            match crate::ReplicaProcess::start_at(dir, self.size, self.addrs[i], &args) {
                 Ok(r) => {
                     self.replicas[i] = Some(r);
                     return Ok(());

@@ -24,6 +24,7 @@
 //! data stream, sends requests with ids and matches responses by id in any order.
 
 pub mod engine;
+pub mod iscsi;
 pub mod model;
 
 use std::collections::HashMap;
@@ -81,9 +82,11 @@ pub fn bin_path(name: &str) -> PathBuf {
         .parent()
         .expect("the tests crate lives in the workspace");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    // Every binary is named after its package, except the manager's CLI.
+    let package = if name == "zebu" { "zebu-manager" } else { name };
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace)
-        .args(["build", "--quiet", "-p", name, "--bin", name]);
+        .args(["build", "--quiet", "-p", package, "--bin", name]);
     // The `dev` profile builds into `debug`; every other profile into its own name.
     if profile != "debug" {
         cmd.args(["--profile", &profile]);
@@ -378,7 +381,13 @@ impl DataStream {
 
     pub async fn write(&mut self, offset: u64, data: impl Into<Bytes>) -> anyhow::Result<()> {
         let data = data.into();
-        let r = self.call(Op::Write(WriteOp { offset, data })).await?;
+        let r = self
+            .call(Op::Write(WriteOp {
+                offset,
+                data,
+                crc32c: Vec::new(),
+            }))
+            .await?;
         check(&r)
     }
 

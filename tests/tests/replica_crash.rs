@@ -177,6 +177,7 @@ async fn batch(s: &mut DataStream, model: &mut Model, rng: &mut StdRng, stamp: &
             Op::Write(WriteOp {
                 offset: first * BLOCK,
                 data,
+                crc32c: Vec::new(),
             })
         };
         for b in first..first + count {

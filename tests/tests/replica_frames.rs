@@ -71,6 +71,7 @@ impl Frames {
         let hello = Hello {
             version: frames::VERSION,
             generation,
+            extensions: Default::default(),
         };
         c.send_raw(&hello.encode()).await;
         let answer = c.recv().await.expect("a hello answer");
@@ -90,6 +91,7 @@ impl Frames {
         let hello = Hello {
             version,
             generation,
+            extensions: Default::default(),
         };
         c.send_raw(&hello.encode()).await;
         let answer = c.recv().await.expect("a hello answer");
@@ -154,7 +156,13 @@ impl Frames {
 
     async fn write(&mut self, offset: u64, data: Vec<u8>) {
         let data = Bytes::from(data);
-        let r = self.call(RequestOp::Write { offset, data }).await;
+        let r = self
+            .call(RequestOp::Write {
+                offset,
+                data,
+                sums: None,
+            })
+            .await;
         assert_eq!(r.status, Status::Ok, "{r}");
     }
 
@@ -331,10 +339,15 @@ async fn holes_are_answered_without_payload_from_version_2_on() {
     assert!(!zeros, "a version-1 client gets the bytes");
     assert!(data.iter().all(|&b| b == 0));
 
-    let (mut v3, answer) = Frames::hello_in(r.addr, 1, 3).await;
+    let (mut v4, answer) = Frames::hello_in(r.addr, 1, frames::VERSION + 1).await;
     assert_ne!(answer.status, Status::Ok);
-    assert!(answer.message.contains("protocol version 3"), "{answer}");
-    assert!(v3.expect_end().await.is_none(), "nothing after the refusal");
+    assert!(
+        answer
+            .message
+            .contains(&format!("protocol version {}", frames::VERSION + 1)),
+        "{answer}"
+    );
+    assert!(v4.expect_end().await.is_none(), "nothing after the refusal");
 }
 
 #[tokio::test]
@@ -347,6 +360,7 @@ async fn many_requests_in_flight_are_answered_out_of_order_by_id() {
         .map(|b| RequestOp::Write {
             offset: b * BLOCK,
             data: Bytes::from(block_data(b, 3)),
+            sums: None,
         })
         .collect();
     let ids = c.send(writes).await;
@@ -531,6 +545,7 @@ async fn the_local_socket_serves_the_same_replica_and_is_fenced_with_it() {
             &Hello {
                 version: frames::VERSION,
                 generation: 1,
+                extensions: Default::default(),
             }
             .encode(),
         )
@@ -705,6 +720,7 @@ async fn hostile_input_ends_only_its_connection() {
         op: RequestOp::Write {
             offset: 0,
             data: Bytes::from(vec![1u8; 8192]),
+            sums: None,
         },
     }
     .header()
@@ -720,6 +736,7 @@ async fn hostile_input_ends_only_its_connection() {
         .call(RequestOp::Write {
             offset: 0,
             data: Bytes::from(vec![5u8; (MAX_IO_BYTES + BLOCK) as usize]),
+            sums: None,
         })
         .await;
     assert_eq!(over.status, Status::Invalid, "{over}");
@@ -802,6 +819,7 @@ async fn large_writes_arrive_intact_however_the_bytes_are_cut() {
                 op: RequestOp::Write {
                     offset,
                     data: Bytes::from(data.clone()),
+                    sums: None,
                 },
             });
             writes.push(id);
@@ -846,6 +864,7 @@ async fn large_writes_arrive_intact_however_the_bytes_are_cut() {
         op: RequestOp::Write {
             offset: 0,
             data: Bytes::from(vec![9u8; 1 << 20]),
+            sums: None,
         },
     }
     .header()

@@ -65,6 +65,7 @@ async fn read_past_the_end_is_invalid_and_names_the_size() {
         .call(Op::Write(WriteOp {
             offset: SIZE,
             data: Bytes::from(vec![1; 4096]),
+            crc32c: Vec::new(),
         }))
         .await
         .unwrap();
@@ -92,6 +93,7 @@ async fn zero_length_requests_are_invalid() {
         .call(Op::Write(WriteOp {
             offset: 0,
             data: Bytes::new(),
+            crc32c: Vec::new(),
         }))
         .await
         .unwrap();
@@ -166,6 +168,7 @@ async fn oversized_message_ends_only_its_stream() {
         .send(Op::Write(WriteOp {
             offset: 0,
             data: big,
+            crc32c: Vec::new(),
         }))
         .await
         .unwrap();
@@ -305,6 +308,7 @@ async fn many_requests_in_flight_round_trip() {
             .send(Op::Write(WriteOp {
                 offset: b * BLOCK,
                 data: block_data(b, 1000 + b).into(),
+                crc32c: Vec::new(),
             }))
             .await
             .unwrap();
@@ -628,7 +632,7 @@ async fn raw_stream(r: &ReplicaProcess, first: Vec<pb::DataRequest>) -> tonic::S
 }
 
 #[tokio::test]
-async fn hello_must_come_first_and_speak_version_1() {
+async fn hello_must_come_first_and_speak_a_version_the_replica_knows() {
     let tmp = tempfile::tempdir().unwrap();
     let r = start(&tmp, "r", 18);
     let read = pb::DataRequest {
@@ -645,14 +649,16 @@ async fn hello_must_come_first_and_speak_version_1() {
     let hello = pb::DataRequest {
         id: 0,
         op: Some(Op::Hello(pb::DataHello {
-            protocol_version: 2,
+            protocol_version: pb::PROTOCOL_VERSION + 1,
             generation: 1,
         })),
     };
     let status = raw_stream(&r, vec![hello]).await;
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     assert!(
-        status.message().contains("protocol version 2"),
+        status
+            .message()
+            .contains(&format!("protocol version {}", pb::PROTOCOL_VERSION + 1)),
         "{}",
         status.message()
     );
@@ -683,6 +689,7 @@ async fn half_closed_stream_still_answers_requests_in_flight() {
         s.send(Op::Write(WriteOp {
             offset: b * BLOCK,
             data: block_data(b, 7).into(),
+            crc32c: Vec::new(),
         }))
         .await
         .unwrap();

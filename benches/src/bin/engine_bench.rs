@@ -279,6 +279,7 @@ async fn start_volume(
             io_timeout: Duration::from_secs(30),
             local_hosts: Vec::new(),
             data_transport: Default::default(),
+            checksums: true,
         },
         replicas: replicas.iter().map(|r| r.addr.to_string()).collect(),
         salvage: false,

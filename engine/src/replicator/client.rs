@@ -1,7 +1,9 @@
 //! The engine's side of the replica protocol.
 //!
-//! [`DataPath`] is all the replicator needs of a replica's data path: read, write, unmap and
-//! flush with request ids, many in flight. [`GrpcDataPath`] implements it over the gRPC data
+//! [`DataPath`] is all the replicator needs of a replica's data path: one call per request
+//! (the frames [`Request`], which both transports carry: read, write with block sums, unmap,
+//! flush, ping), many in flight, answered with a [`Response`] or the [`PathError`] its status
+//! means. [`GrpcDataPath`] implements it over the gRPC data
 //! stream of `replica.proto`: one bidirectional stream per replica, requests written to a
 //! bounded queue (so a slow replica slows the volume a little instead of growing a backlog),
 //! responses matched to their requests by id as they come, in any order.
@@ -21,9 +23,11 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
+use zebu_proto::frames::{self, Request, RequestOp, Response};
 use zebu_proto::replica as pb;
 use zebu_proto::replica::data_request::Op;
 use zebu_proto::replica::replica_client::ReplicaClient;
+use zebu_proto::sums::BlockSums;
 
 use crate::blockdev::BoxFuture;
 
@@ -83,7 +87,8 @@ pub async fn open_data_path(
     })
 }
 
-/// Why a request to a replica failed. Every kind makes the replica ERR.
+/// Why a request to a replica failed. Every kind but [`PathError::Corrupt`] on a read makes
+/// the replica ERR.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PathError {
     #[error("the replica refused the request: {0}")]
@@ -96,26 +101,137 @@ pub enum PathError {
     Disconnected(String),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// Blocks (4 KiB, counted from the request's first block) that fail the checksum the
+    /// replica stored with them; `data` is what a read found (protocol version 3).
+    #[error("{} block(s) fail their checksum on the replica: {message}", blocks.len())]
+    Corrupt {
+        message: String,
+        blocks: Vec<u32>,
+        data: Bytes,
+    },
 }
 
-/// The data path to one replica.
+/// The data path to one replica: one request type, many requests in flight, answers
+/// matched by id.
 pub trait DataPath: Send + Sync {
-    fn read(&self, id: u64, offset: u64, len: u64) -> BoxFuture<'_, Result<Bytes, PathError>>;
-    fn write(&self, id: u64, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), PathError>>;
-    /// Deallocates (or, with `zero_fill`, writes zeros over) the range; it reads as zeros.
-    fn unmap(
-        &self,
-        id: u64,
-        offset: u64,
-        len: u64,
-        zero_fill: bool,
-    ) -> BoxFuture<'_, Result<(), PathError>>;
-    /// Makes every write completed before it durable; returns the durable flush number.
-    fn flush(&self, id: u64, number: u64) -> BoxFuture<'_, Result<u64, PathError>>;
+    /// Sends `req` and waits for its answer; a non-OK answer is the matching [`PathError`].
+    fn call(&self, req: Request) -> BoxFuture<'_, Result<Response, PathError>>;
     /// Ends the stream; requests in flight fail.
     fn close(&self);
     /// What carries the data, for status output: `frames/tcp`, `frames/local` or `grpc`.
     fn kind(&self) -> &'static str;
+    /// The protocol version spoken with the replica; from
+    /// [`frames::INTEGRITY_VERSION`] on, writes carry block sums, reads are checked and
+    /// ping is an op.
+    fn version(&self) -> u32;
+}
+
+impl dyn DataPath {
+    /// Whether the replica stores and checks block checksums.
+    pub fn verifies(&self) -> bool {
+        self.version() >= frames::INTEGRITY_VERSION
+    }
+
+    pub async fn read(&self, id: u64, offset: u64, length: u64) -> Result<Bytes, PathError> {
+        let resp = self
+            .call(Request {
+                id,
+                op: RequestOp::Read { offset, length },
+            })
+            .await?;
+        if resp.data.len() as u64 != length {
+            return Err(PathError::Io(format!(
+                "read of {length} bytes returned {}",
+                resp.data.len()
+            )));
+        }
+        Ok(resp.data)
+    }
+
+    /// Writes `data` with the CRC32C of its blocks (`sums`; sent only to replicas that store
+    /// them).
+    pub async fn write(
+        &self,
+        id: u64,
+        offset: u64,
+        data: Bytes,
+        sums: Option<BlockSums>,
+    ) -> Result<(), PathError> {
+        self.call(Request {
+            id,
+            op: RequestOp::Write { offset, data, sums },
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Deallocates (or, with `zero_fill`, writes zeros over) the range; it reads as zeros.
+    pub async fn unmap(
+        &self,
+        id: u64,
+        offset: u64,
+        length: u64,
+        zero_fill: bool,
+    ) -> Result<(), PathError> {
+        self.call(Request {
+            id,
+            op: RequestOp::Unmap {
+                offset,
+                length,
+                zero_fill,
+            },
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Makes every write completed before it durable; returns the durable flush number.
+    pub async fn flush(&self, id: u64, number: u64) -> Result<u64, PathError> {
+        let resp = self
+            .call(Request {
+                id,
+                op: RequestOp::Flush {
+                    flush_number: number,
+                },
+            })
+            .await?;
+        Ok(resp.flush_number)
+    }
+
+    /// A cheap request that only a replica serving requests answers: ping from version 3
+    /// on, a 4 KiB read before (an older replica knows no ping).
+    pub async fn ping(&self, id: u64) -> Result<(), PathError> {
+        let op = if self.verifies() {
+            RequestOp::Ping
+        } else {
+            RequestOp::Read {
+                offset: 0,
+                length: 4096,
+            }
+        };
+        self.call(Request { id, op }).await.map(|_| ())
+    }
+}
+
+/// A replica's answer as a result: OK, or the [`PathError`] its status means.
+pub(super) fn answer_result(resp: Response) -> Result<Response, PathError> {
+    match resp.status {
+        pb::Status::Ok => Ok(resp),
+        pb::Status::Invalid | pb::Status::Unavailable => Err(PathError::Refused(resp.message)),
+        pb::Status::NoSpace => Err(PathError::NoSpace(resp.message)),
+        pb::Status::IoError => Err(PathError::Io(resp.message)),
+        pb::Status::Corrupt => Err(PathError::Corrupt {
+            message: resp.message,
+            blocks: resp.corrupt,
+            data: resp.data,
+        }),
+    }
+}
+
+/// Whether a hello refusal says the replica does not speak the version asked for (an older
+/// build's refusal carries no other sign of the reason).
+pub(super) fn refused_for_version(e: &PathError) -> bool {
+    matches!(e, PathError::Refused(why) if why.contains("protocol version"))
 }
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<pb::DataResponse>>>>;
@@ -125,6 +241,7 @@ pub struct GrpcDataPath {
     tx: Mutex<Option<mpsc::Sender<pb::DataRequest>>>,
     pending: Pending,
     closed: Arc<AtomicBool>,
+    version: u32,
 }
 
 /// Opens a channel to a replica at `addr` (`host:port`). No per-request timeout is set on
@@ -152,17 +269,39 @@ pub fn control_client(channel: Channel) -> ReplicaClient<Channel> {
 }
 
 impl GrpcDataPath {
-    /// Opens the data stream and presents `generation`; fails if the replica refuses it.
+    /// Opens the data stream and presents `generation` in the newest protocol version, or in
+    /// version 1 to a replica of an older build that refuses it; fails if the replica refuses
+    /// the generation.
     pub async fn open(
         channel: Channel,
         generation: u64,
         timeout: Duration,
     ) -> Result<GrpcDataPath, PathError> {
+        match GrpcDataPath::open_in(channel.clone(), generation, timeout, pb::PROTOCOL_VERSION)
+            .await
+        {
+            Err(e) if refused_for_version(&e) => {
+                tracing::info!(
+                    "gRPC data stream: {e}; using version {}",
+                    pb::MIN_PROTOCOL_VERSION
+                );
+                GrpcDataPath::open_in(channel, generation, timeout, pb::MIN_PROTOCOL_VERSION).await
+            }
+            other => other,
+        }
+    }
+
+    async fn open_in(
+        channel: Channel,
+        generation: u64,
+        timeout: Duration,
+        version: u32,
+    ) -> Result<GrpcDataPath, PathError> {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let hello = pb::DataRequest {
             id: 0,
             op: Some(Op::Hello(pb::DataHello {
-                protocol_version: pb::PROTOCOL_VERSION,
+                protocol_version: version,
                 generation,
             })),
         };
@@ -206,10 +345,13 @@ impl GrpcDataPath {
             tx: Mutex::new(Some(tx)),
             pending,
             closed,
+            version,
         })
     }
 
-    async fn call(&self, id: u64, op: Op) -> Result<pb::DataResponse, PathError> {
+    async fn send(&self, req: Request) -> Result<Response, PathError> {
+        let id = req.id;
+        let msg = pb::DataRequest::from(req.for_version(self.version));
         let (wtx, wrx) = oneshot::channel();
         self.pending
             .lock()
@@ -224,7 +366,7 @@ impl GrpcDataPath {
         }
         let tx = self.tx.lock().expect("invariant: tx lock").clone();
         let sent = match tx {
-            Some(tx) => tx.send(pb::DataRequest { id, op: Some(op) }).await.is_ok(),
+            Some(tx) => tx.send(msg).await.is_ok(),
             None => false,
         };
         if !sent {
@@ -237,12 +379,7 @@ impl GrpcDataPath {
         let resp = wrx
             .await
             .map_err(|_| PathError::Disconnected("data stream ended".into()))?;
-        match pb::Status::try_from(resp.status).unwrap_or(pb::Status::IoError) {
-            pb::Status::Ok => Ok(resp),
-            pb::Status::Invalid | pb::Status::Unavailable => Err(PathError::Refused(resp.message)),
-            pb::Status::NoSpace => Err(PathError::NoSpace(resp.message)),
-            pb::Status::IoError => Err(PathError::Io(resp.message)),
-        }
+        answer_result(Response::from(resp))
     }
 }
 
@@ -253,62 +390,12 @@ impl Drop for GrpcDataPath {
 }
 
 impl DataPath for GrpcDataPath {
-    fn read(&self, id: u64, offset: u64, length: u64) -> BoxFuture<'_, Result<Bytes, PathError>> {
-        Box::pin(async move {
-            let resp = self
-                .call(id, Op::Read(pb::ReadOp { offset, length }))
-                .await?;
-            if resp.data.len() as u64 != length {
-                return Err(PathError::Io(format!(
-                    "read of {length} bytes returned {}",
-                    resp.data.len()
-                )));
-            }
-            Ok(resp.data)
-        })
+    fn call(&self, req: Request) -> BoxFuture<'_, Result<Response, PathError>> {
+        Box::pin(self.send(req))
     }
 
-    fn write(&self, id: u64, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), PathError>> {
-        Box::pin(async move {
-            self.call(id, Op::Write(pb::WriteOp { offset, data }))
-                .await
-                .map(|_| ())
-        })
-    }
-
-    fn unmap(
-        &self,
-        id: u64,
-        offset: u64,
-        length: u64,
-        zero_fill: bool,
-    ) -> BoxFuture<'_, Result<(), PathError>> {
-        Box::pin(async move {
-            self.call(
-                id,
-                Op::Unmap(pb::UnmapOp {
-                    offset,
-                    length,
-                    zero_fill,
-                }),
-            )
-            .await
-            .map(|_| ())
-        })
-    }
-
-    fn flush(&self, id: u64, number: u64) -> BoxFuture<'_, Result<u64, PathError>> {
-        Box::pin(async move {
-            let resp = self
-                .call(
-                    id,
-                    Op::Flush(pb::FlushOp {
-                        flush_number: number,
-                    }),
-                )
-                .await?;
-            Ok(resp.flush_number)
-        })
+    fn version(&self) -> u32 {
+        self.version
     }
 
     fn kind(&self) -> &'static str {

@@ -20,11 +20,12 @@
 //!   sets the replica ERR), and so does every later call.
 //! - Connect and hello are bounded by the I/O timeout; a refused hello (stale generation,
 //!   closed replica) is [`PathError::Refused`] with the replica's message.
-//! - The hello asks for [`frames::VERSION`], whose answers may carry a hole as a ZEROS flag
-//!   (decoded into the shared [`frames::zeros`]: no bytes on the wire, no allocation here).
-//!   A replica of an older build refuses that version with a message naming the "protocol
-//!   version" (its refusal carries no other sign of the reason); the path then says hello
-//!   again in [`frames::MIN_VERSION`].
+//! - The hello asks for [`frames::VERSION`]: writes carry block sums, reads may be answered
+//!   CORRUPT, ping is an op, and a hole's answer may be a ZEROS flag (decoded into the shared
+//!   [`frames::zeros`]: no bytes on the wire, no allocation here). A replica of an older build
+//!   refuses that version with a message naming the "protocol version" (its refusal carries
+//!   no other sign of the reason); the path then says hello again one version lower, down to
+//!   [`frames::MIN_VERSION`], and encodes every request for the version agreed.
 //! - A replica opened as local (the replicator's `--local-host`) names its local socket in
 //!   the hello answer; the path says hello there too (same version and generation) and moves
 //!   its traffic to it, closing the TCP connection. If that fails, it logs why and keeps TCP.
@@ -35,12 +36,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
-use zebu_proto::frames::{self, Batch, Decoded, Hello, Request, RequestOp, Response};
+use zebu_proto::frames::{self, Batch, Decoded, Hello, Request, Response};
 use zebu_proto::replica as pb;
 
 use super::client::{DataPath, PathError};
@@ -99,6 +100,8 @@ pub struct FramedDataPath {
     tasks: [AbortHandle; 2],
     /// Whether the traffic runs over the replica's local socket.
     via_local: bool,
+    /// The protocol version agreed in the hello.
+    version: u32,
 }
 
 impl FramedDataPath {
@@ -112,13 +115,19 @@ impl FramedDataPath {
         local: bool,
     ) -> Result<FramedDataPath, PathError> {
         let (welcomed, rest, socket) = tokio::time::timeout(timeout, async {
-            match handshake(addr, generation, frames::VERSION).await {
-                // A replica of an older build: say hello again in its version.
-                Err(PathError::Refused(why)) if why.contains("protocol version") => {
-                    tracing::info!(replica = %addr, "frames: {why}; using version {}", frames::MIN_VERSION);
-                    handshake(addr, generation, frames::MIN_VERSION).await
+            let mut version = frames::VERSION;
+            loop {
+                match handshake(addr, generation, version).await {
+                    // A replica of an older build: say hello again one version lower.
+                    Err(e)
+                        if super::client::refused_for_version(&e)
+                            && version > frames::MIN_VERSION =>
+                    {
+                        version -= 1;
+                        tracing::info!(replica = %addr, "frames: {e}; trying version {version}");
+                    }
+                    other => return other,
                 }
-                other => other,
             }
         })
         .await
@@ -131,10 +140,7 @@ impl FramedDataPath {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let local_stream = match socket.strip_prefix('@') {
             Some(name) if local => {
-                let hello = Hello {
-                    version: welcomed.version,
-                    generation,
-                };
+                let hello = Hello::new(welcomed.version, generation);
                 match tokio::time::timeout(timeout, hello_local(name, hello)).await {
                     Ok(Ok(s)) => Some(s),
                     Ok(Err(e)) => {
@@ -150,34 +156,40 @@ impl FramedDataPath {
             _ => None,
         };
         let via_local = local_stream.is_some();
+        let version = welcomed.version;
+        if version < frames::INTEGRITY_VERSION {
+            tracing::warn!(replica = %addr, version, "the replica speaks frames version {version}: it keeps no block checksums, so reads from it are not verified");
+        }
         let (writer, reader) = match local_stream {
             Some((s, rest)) => {
                 // The replica sees the TCP connection close without a request: nothing to do.
                 drop(welcomed);
                 let (rd, wr) = s.into_split();
                 (
-                    tokio::spawn(write_requests(conn.clone(), wr, rx)),
+                    tokio::spawn(write_requests(conn.clone(), wr, rx, version)),
                     tokio::spawn(read_answers(conn.clone(), rd, rest)),
                 )
             }
             None => {
                 let (rd, wr) = welcomed.tcp.into_split();
                 (
-                    tokio::spawn(write_requests(conn.clone(), wr, rx)),
+                    tokio::spawn(write_requests(conn.clone(), wr, rx, version)),
                     tokio::spawn(read_answers(conn.clone(), rd, rest)),
                 )
             }
         };
-        tracing::debug!(replica = %addr, generation, via_local, "frames data path open");
+        tracing::debug!(replica = %addr, generation, via_local, version, "frames data path open");
         Ok(FramedDataPath {
             conn,
             queue: Mutex::new(Some(tx)),
             tasks: [writer.abort_handle(), reader.abort_handle()],
             via_local,
+            version,
         })
     }
 
-    async fn call(&self, id: u64, op: RequestOp) -> Result<Response, PathError> {
+    async fn send(&self, req: Request) -> Result<Response, PathError> {
+        let id = req.id;
         let (wtx, wrx) = oneshot::channel();
         {
             let mut pending = self.conn.pending.lock().expect("invariant: pending lock");
@@ -189,7 +201,7 @@ impl FramedDataPath {
         }
         let queue = self.queue.lock().expect("invariant: queue lock").clone();
         let sent = match queue {
-            Some(q) => q.send(Request { id, op }).await.is_ok(),
+            Some(q) => q.send(req).await.is_ok(),
             None => false,
         };
         if !sent {
@@ -207,12 +219,7 @@ impl FramedDataPath {
         let resp = wrx
             .await
             .map_err(|_| PathError::Disconnected(self.conn.why_broken()))??;
-        match resp.status {
-            pb::Status::Ok => Ok(resp),
-            pb::Status::Invalid | pb::Status::Unavailable => Err(PathError::Refused(resp.message)),
-            pb::Status::NoSpace => Err(PathError::NoSpace(resp.message)),
-            pb::Status::IoError => Err(PathError::Io(resp.message)),
-        }
+        super::client::answer_result(resp)
     }
 }
 
@@ -236,10 +243,7 @@ async fn handshake(
     stream
         .set_nodelay(true)
         .map_err(|e| PathError::Disconnected(format!("TCP_NODELAY on {addr}: {e}")))?;
-    let hello = Hello {
-        version,
-        generation,
-    };
+    let hello = Hello::new(version, generation);
     let (rest, message) = say_hello(&mut stream, addr, hello).await?;
     Ok((
         Welcomed {
@@ -309,8 +313,9 @@ async fn write_requests<W: AsyncWrite + Unpin>(
     conn: Arc<Conn>,
     mut wr: W,
     mut rx: mpsc::Receiver<Request>,
+    version: u32,
 ) {
-    let mut batch = Batch::default();
+    let mut batch = Batch::for_version(version);
     while let Some(req) = rx.recv().await {
         batch.push_request(&req);
         while batch.frames() < MAX_BATCH {
@@ -373,60 +378,12 @@ impl Drop for FramedDataPath {
 }
 
 impl DataPath for FramedDataPath {
-    fn read(&self, id: u64, offset: u64, length: u64) -> BoxFuture<'_, Result<Bytes, PathError>> {
-        Box::pin(async move {
-            let resp = self.call(id, RequestOp::Read { offset, length }).await?;
-            if resp.data.len() as u64 != length {
-                return Err(PathError::Io(format!(
-                    "read of {length} bytes returned {}",
-                    resp.data.len()
-                )));
-            }
-            Ok(resp.data)
-        })
+    fn call(&self, req: Request) -> BoxFuture<'_, Result<Response, PathError>> {
+        Box::pin(self.send(req))
     }
 
-    fn write(&self, id: u64, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), PathError>> {
-        Box::pin(async move {
-            self.call(id, RequestOp::Write { offset, data })
-                .await
-                .map(|_| ())
-        })
-    }
-
-    fn unmap(
-        &self,
-        id: u64,
-        offset: u64,
-        length: u64,
-        zero_fill: bool,
-    ) -> BoxFuture<'_, Result<(), PathError>> {
-        Box::pin(async move {
-            self.call(
-                id,
-                RequestOp::Unmap {
-                    offset,
-                    length,
-                    zero_fill,
-                },
-            )
-            .await
-            .map(|_| ())
-        })
-    }
-
-    fn flush(&self, id: u64, number: u64) -> BoxFuture<'_, Result<u64, PathError>> {
-        Box::pin(async move {
-            let resp = self
-                .call(
-                    id,
-                    RequestOp::Flush {
-                        flush_number: number,
-                    },
-                )
-                .await?;
-            Ok(resp.flush_number)
-        })
+    fn version(&self) -> u32 {
+        self.version
     }
 
     fn kind(&self) -> &'static str {
@@ -455,6 +412,10 @@ mod tests {
     use std::time::Instant;
 
     use tokio::net::TcpListener;
+    use zebu_proto::sums::BlockSums;
+
+    use bytes::Bytes;
+    use zebu_proto::frames::RequestOp;
 
     use super::*;
 
@@ -471,9 +432,7 @@ mod tests {
         let addr = l.local_addr().unwrap().to_string();
         tokio::spawn(async move {
             let (mut s, _) = l.accept().await.unwrap();
-            let mut h = [0u8; frames::HELLO_LEN];
-            s.read_exact(&mut h).await.unwrap();
-            let hello_in = Hello::decode(&h).unwrap();
+            let hello_in = read_hello(&mut s).await;
             assert_eq!(hello_in.version, frames::VERSION);
             assert_eq!(hello_in.generation, 7);
             answer(&mut s, std::slice::from_ref(&hello)).await;
@@ -490,6 +449,20 @@ mod tests {
             then(s, reqs).await;
         });
         addr
+    }
+
+    /// Reads a client's hello off `s`, whatever its version.
+    async fn read_hello<S: AsyncRead + Unpin>(s: &mut S) -> Hello {
+        let mut buf = BytesMut::new();
+        loop {
+            match frames::decode_hello(&mut buf).unwrap() {
+                Decoded::Frame(h) => {
+                    assert!(buf.is_empty(), "nothing follows a hello before its answer");
+                    return h;
+                }
+                Decoded::Need(_) => assert!(s.read_buf(&mut buf).await.unwrap() > 0),
+            }
+        }
     }
 
     async fn answer(s: &mut TcpStream, resps: &[Response]) {
@@ -523,11 +496,12 @@ mod tests {
             let _ = s.read(&mut [0u8; 1]).await;
         })
         .await;
-        let p = FramedDataPath::open(&addr, 7, T, false).await.unwrap();
+        let p: Arc<dyn DataPath> =
+            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
         let (a, b, c) = tokio::join!(
             p.read(11, 0, 4096),
             p.flush(12, 99),
-            p.write(13, 0, Bytes::from(vec![1u8; 4096]))
+            p.write(13, 0, Bytes::from(vec![1u8; 4096]), None)
         );
         assert_eq!(a.unwrap(), Bytes::from(vec![11u8; 4096]));
         assert_eq!(b.unwrap(), 99);
@@ -573,7 +547,8 @@ mod tests {
     async fn sequential_and_burst_requests_get_their_answers_and_close_ends_the_connection() {
         let (eof_tx, eof_rx) = tokio::sync::oneshot::channel();
         let addr = echo(eof_tx).await;
-        let p = FramedDataPath::open(&addr, 7, T, false).await.unwrap();
+        let p: Arc<dyn DataPath> =
+            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
         let mut id = 0u64;
         for round in 0..3 {
             for _ in 0..20 {
@@ -603,6 +578,51 @@ mod tests {
         ));
     }
 
+    /// Version 3: writes carry their block sums, a CORRUPT answer reaches the caller with its
+    /// blocks and data, and ping is an op.
+    #[tokio::test]
+    async fn writes_carry_sums_and_corrupt_answers_name_their_blocks() {
+        let addr = fake(Response::ok(0), 3, |mut s, reqs| async move {
+            let mut resps = Vec::new();
+            for r in &reqs {
+                match &r.op {
+                    RequestOp::Write { data, sums, .. } => {
+                        assert_eq!(sums.as_ref(), BlockSums::of(data).as_ref(), "sums sent");
+                        resps.push(Response::ok(r.id));
+                    }
+                    RequestOp::Read { length, .. } => resps.push(Response {
+                        data: Bytes::from(vec![9u8; *length as usize]),
+                        corrupt: vec![1],
+                        ..Response::failed(r.id, pb::Status::Corrupt, "block 1 fails")
+                    }),
+                    RequestOp::Ping => resps.push(Response::ok(r.id)),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            answer(&mut s, &resps).await;
+            let _ = s.read(&mut [0u8; 1]).await;
+        })
+        .await;
+        let p: Arc<dyn DataPath> =
+            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
+        assert!(p.verifies());
+        let data = Bytes::from(vec![1u8; 8192]);
+        let (w, r, ping) = tokio::join!(
+            p.write(1, 0, data.clone(), BlockSums::of(&data)),
+            p.read(2, 0, 8192),
+            p.ping(3)
+        );
+        w.unwrap();
+        ping.unwrap();
+        match r {
+            Err(PathError::Corrupt { blocks, data, .. }) => {
+                assert_eq!(blocks, vec![1]);
+                assert_eq!(data.len(), 8192);
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+
     #[tokio::test]
     async fn a_refused_hello_carries_the_reason() {
         let refusal = Response {
@@ -618,8 +638,8 @@ mod tests {
     }
 
     /// A replica of an older build refuses the hello for its version; the path says hello
-    /// again in version 1 on a new connection and works, with the bytes of a hole sent in
-    /// full as version 1 has them.
+    /// again one version lower on a new connection until it is accepted (here version 1) and
+    /// works, with the bytes of a hole sent in full as version 1 has them.
     #[tokio::test]
     async fn a_version_1_replica_is_spoken_to_in_version_1() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -628,9 +648,7 @@ mod tests {
             let mut versions = Vec::new();
             loop {
                 let (mut s, _) = l.accept().await.unwrap();
-                let mut h = [0u8; frames::HELLO_LEN];
-                s.read_exact(&mut h).await.unwrap();
-                let hello = Hello::decode(&h).unwrap();
+                let hello = read_hello(&mut s).await;
                 versions.push(hello.version);
                 if hello.version != 1 {
                     let refusal = Response {
@@ -664,12 +682,17 @@ mod tests {
                 return (versions, s);
             }
         });
-        let p = FramedDataPath::open(&addr, 7, T, false).await.unwrap();
+        let p: Arc<dyn DataPath> =
+            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
         let data = p.read(1, 0, 4096).await.unwrap();
         assert_eq!(data, Bytes::from(vec![0u8; 4096]));
         assert!(!frames::is_zeros(&data), "version 1 sent the bytes");
         let (versions, _s) = server.await.unwrap();
-        assert_eq!(versions, [frames::VERSION, 1]);
+        assert_eq!(
+            versions,
+            [frames::VERSION, 2, 1],
+            "one version lower at a time"
+        );
     }
 
     /// A hello answer naming a local socket: a path opened as local says hello there too and
@@ -689,9 +712,7 @@ mod tests {
         let unix = tokio::net::UnixListener::bind(format!("\0{name}")).unwrap();
         let served = tokio::spawn(async move {
             let (mut s, _) = unix.accept().await.unwrap();
-            let mut h = [0u8; frames::HELLO_LEN];
-            s.read_exact(&mut h).await.unwrap();
-            let hello = Hello::decode(&h).unwrap();
+            let hello = read_hello(&mut s).await;
             let mut b = Batch::default();
             b.push_response(&Response::ok(0));
             b.write_to(&mut s).await.unwrap();
@@ -717,7 +738,7 @@ mod tests {
             let _ = s.read(&mut [0u8; 1]).await;
         })
         .await;
-        let p = FramedDataPath::open(&addr, 7, T, true).await.unwrap();
+        let p: Arc<dyn DataPath> = Arc::new(FramedDataPath::open(&addr, 7, T, true).await.unwrap());
         assert_eq!(p.kind(), "frames/local");
         assert_eq!(
             p.read(5, 0, 4096).await.unwrap(),
@@ -730,7 +751,8 @@ mod tests {
         // Not local: TCP, although a socket is named.
         let (eof_tx, _eof_rx) = tokio::sync::oneshot::channel();
         let addr = echo_with(welcome(), eof_tx).await;
-        let p = FramedDataPath::open(&addr, 7, T, false).await.unwrap();
+        let p: Arc<dyn DataPath> =
+            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
         assert_eq!(p.kind(), "frames/tcp");
         assert_eq!(
             p.read(6, 0, 512).await.unwrap(),
@@ -744,7 +766,7 @@ mod tests {
             ..Response::ok(0)
         };
         let addr = echo_with(gone, eof_tx).await;
-        let p = FramedDataPath::open(&addr, 7, T, true).await.unwrap();
+        let p: Arc<dyn DataPath> = Arc::new(FramedDataPath::open(&addr, 7, T, true).await.unwrap());
         assert_eq!(p.kind(), "frames/tcp");
         assert_eq!(
             p.read(8, 0, 512).await.unwrap(),
@@ -756,11 +778,12 @@ mod tests {
     async fn a_broken_connection_fails_every_pending_request_at_once() {
         // The fake reads all three requests, answers none, and closes the connection.
         let addr = fake(Response::ok(0), 3, |s, _| async move { drop(s) }).await;
-        let p = FramedDataPath::open(&addr, 7, T, false).await.unwrap();
+        let p: Arc<dyn DataPath> =
+            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
         let started = Instant::now();
         let (a, b, c) = tokio::join!(
             p.read(1, 0, 4096),
-            p.write(2, 0, Bytes::from(vec![1u8; 64 << 10])),
+            p.write(2, 0, Bytes::from(vec![1u8; 64 << 10]), None),
             p.unmap(3, 0, 4096, true)
         );
         for r in [a.map(|_| ()), b, c] {
@@ -792,7 +815,8 @@ mod tests {
             answer(&mut s, &[end]).await;
         })
         .await;
-        let p = FramedDataPath::open(&addr, 7, T, false).await.unwrap();
+        let p: Arc<dyn DataPath> =
+            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
         match p.read(1, 0, 4096).await {
             Err(PathError::Disconnected(m)) => assert!(m.contains("superseded"), "{m}"),
             other => panic!("expected Disconnected, got {other:?}"),

@@ -25,11 +25,26 @@
 //!   earlier overlapping write completed on every replica, so all replicas apply them in the
 //!   same order.
 //! - Request ids come from one counter per volume.
+//!
+//! # Checksums
+//!
+//! Every write reaches the replicas with the CRC32C of each of its 4 KiB blocks, computed
+//! once here from the frontend's data; the replicas store them with the data. Writes and
+//! unmaps that are not 4 KiB aligned are read-modify-write here (the edge blocks read
+//! verified, under the write's range lock), so replicas only ever get whole blocks with
+//! their sums. A replica that finds blocks failing their sums answers a read CORRUPT;
+//! `repair.rs` then reads the range from every RW replica under the range lock, returns each
+//! block from a replica whose copy passes, rewrites the bad copies, and fails the read with
+//! [`BlockError::Medium`] only for blocks no replica holds a good copy of. `scrub.rs` does
+//! the same for every block in the background; `liveness.rs` pings idle replicas.
 
 mod client;
 mod frames;
+mod liveness;
 mod rangelock;
 mod rebuild;
+mod repair;
+mod scrub;
 mod snapshot;
 mod start;
 
@@ -40,6 +55,8 @@ pub use client::{
 pub use frames::FramedDataPath;
 pub use rangelock::RangeLock;
 pub use rebuild::RebuildStatus;
+pub use repair::IntegrityCounters;
+pub use scrub::{ScrubReport, ScrubState};
 pub use start::{StartError, StartOptions};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -50,11 +67,14 @@ use bytes::Bytes;
 use tonic::transport::Channel;
 use zebu_proto::replica as pb;
 use zebu_proto::replica::replica_client::ReplicaClient;
+use zebu_proto::sums::BlockSums;
 
 use crate::blockdev::{BlockDevice, BlockError, BoxFuture};
 
 /// The largest piece one replica request carries; larger I/O is split.
 const MAX_PIECE: u64 = pb::MAX_IO_BYTES;
+/// The block the checksums cover; writes and unmaps reach replicas in whole blocks.
+const BLOCK: u64 = zebu_proto::sums::SUM_BLOCK_U64;
 
 /// A replica's mode in this engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,6 +141,11 @@ impl Replica {
         self.data.kind()
     }
 
+    /// Whether the replica checks its blocks' checksums (protocol version 3).
+    pub fn verifies(&self) -> bool {
+        self.data.verifies()
+    }
+
     /// Moves to `to` if the transition is valid; logs it. Returns whether it changed.
     fn transition(&self, volume: &str, to: Mode, why: &str) -> bool {
         let mut m = self.mode.lock().expect("invariant: mode lock");
@@ -154,6 +179,9 @@ pub struct VolumeConfig {
     pub local_hosts: Vec<String>,
     /// How the data path reaches the replicas.
     pub data_transport: DataTransport,
+    /// Compute the block checksums of every write and send them (the default). Off is for
+    /// measuring what checksums cost, with replicas that keep none either.
+    pub checksums: bool,
 }
 
 /// A replicated volume. Implements [`BlockDevice`] for the frontends.
@@ -174,6 +202,8 @@ pub struct Volume {
     rebuild: Mutex<RebuildStatus>,
     /// Serialises control operations (snapshots, rebuilds, expand).
     ops: tokio::sync::Mutex<()>,
+    integrity: repair::Counters,
+    scrub: scrub::ScrubControl,
 }
 
 impl Volume {
@@ -346,21 +376,82 @@ impl Volume {
     }
 
     async fn write_piece(&self, offset: u64, data: Bytes) -> Result<(), BlockError> {
+        let end = offset + data.len() as u64;
+        if !offset.is_multiple_of(BLOCK) || !end.is_multiple_of(BLOCK) {
+            return self.write_unaligned(offset, data).await;
+        }
         let _g = self.gate.read().await;
-        let _r = self.ranges.lock(offset..offset + data.len() as u64).await;
+        let _r = self.ranges.lock(offset..end).await;
+        self.write_blocks(offset, data).await
+    }
+
+    /// Writes whole blocks with their sums to every RW and WO replica. The caller holds the
+    /// gate and the range lock.
+    async fn write_blocks(&self, offset: u64, data: Bytes) -> Result<(), BlockError> {
+        // Taken once, where the data comes from; every replica stores the same sums.
+        let sums = if self.config.checksums {
+            BlockSums::of(&data)
+        } else {
+            None
+        };
         self.replicate("write", |r, id| {
-            let (p, data) = (r.data.clone(), data.clone());
-            Box::pin(async move { p.write(id, offset, data).await })
+            let (p, data, sums) = (r.data.clone(), data.clone(), sums.clone());
+            Box::pin(async move { p.write(id, offset, data, sums).await })
         })
         .await
     }
 
-    async fn unmap_piece(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+    /// Read-modify-write of the edge blocks of a write that is not block aligned, under the
+    /// range lock of the whole blocks it touches: the edges are read verified (and healed if
+    /// a replica's copy fails), so replicas only get whole blocks with their sums, and a bad
+    /// edge block is never blessed with a fresh sum.
+    async fn write_unaligned(&self, offset: u64, data: Bytes) -> Result<(), BlockError> {
+        let start = offset / BLOCK * BLOCK;
+        let end = (offset + data.len() as u64).div_ceil(BLOCK) * BLOCK;
         let _g = self.gate.read().await;
-        let _r = self.ranges.lock(offset..offset + len).await;
+        let _r = self.ranges.lock(start..end).await;
+        let mut buf = bytes::BytesMut::zeroed((end - start) as usize);
+        let head_partial = offset != start;
+        let tail_partial = offset + data.len() as u64 != end;
+        let last = end - BLOCK;
+        if head_partial {
+            buf[..BLOCK as usize].copy_from_slice(&self.read_locked(start, BLOCK).await?);
+        }
+        // A write inside one block needs that block once.
+        if tail_partial && !(head_partial && last == start) {
+            let at = (last - start) as usize;
+            buf[at..].copy_from_slice(&self.read_locked(last, BLOCK).await?);
+        }
+        let at = (offset - start) as usize;
+        buf[at..at + data.len()].copy_from_slice(&data);
+        self.write_blocks(start, buf.freeze()).await
+    }
+
+    async fn unmap_piece(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let end = offset + len;
+        let inner = offset.div_ceil(BLOCK) * BLOCK..end / BLOCK * BLOCK;
+        if inner.start >= inner.end {
+            return self
+                .write_piece(offset, bytes::Bytes::from(vec![0u8; len as usize]))
+                .await;
+        }
+        // Partial blocks at the edges read as zeros by writing zeros over them.
+        if offset < inner.start {
+            let n = (inner.start - offset) as usize;
+            self.write_piece(offset, bytes::Bytes::from(vec![0u8; n]))
+                .await?;
+        }
+        if inner.end < end {
+            let n = (end - inner.end) as usize;
+            self.write_piece(inner.end, bytes::Bytes::from(vec![0u8; n]))
+                .await?;
+        }
+        let _g = self.gate.read().await;
+        let _r = self.ranges.lock(inner.clone()).await;
+        let (at, n) = (inner.start, inner.end - inner.start);
         self.replicate("unmap", |r, id| {
             let (p, zero) = (r.data.clone(), r.zero_fill_unmaps.load(Ordering::Acquire));
-            Box::pin(async move { p.unmap(id, offset, len, zero).await })
+            Box::pin(async move { p.unmap(id, at, n, zero).await })
         })
         .await
     }
@@ -379,6 +470,12 @@ impl Volume {
             r.inflight.fetch_sub(1, Ordering::Relaxed);
             match res {
                 Ok(Ok(data)) => return Ok(data),
+                Ok(Err(PathError::Corrupt { blocks, .. })) => {
+                    // The replica is fine; some of its blocks are not (repair.rs).
+                    self.integrity
+                        .corrupt_read(self.name(), &r.addr, offset, &blocks);
+                    return self.heal(offset, len).await;
+                }
                 Ok(Err(e)) => self.fail(&r, &format!("read: {e}")),
                 Err(_) => self.fail(
                     &r,
@@ -453,7 +550,6 @@ impl Volume {
         start: u64,
         len: u64,
     ) -> Result<u64, String> {
-        const BLOCK: u64 = 4096;
         /// Checksums are asked for this much at a time.
         const PIECE: u64 = 16 << 20;
         let mut copied = 0;
@@ -482,14 +578,15 @@ impl Volume {
                     i += 1;
                 }
                 let (off, len) = (at + first as u64 * BLOCK, (i - first) as u64 * BLOCK);
-                let data = source
-                    .data
-                    .read(self.next_id(), off, len)
-                    .await
-                    .map_err(|e| format!("{}: {e}", source.addr))?;
+                let data = self
+                    .read_source(source, target, off, len, &want[first..i])
+                    .await?;
+                // The source's stored sums travel with its data, so a block that failed its
+                // checksum there stays detectably bad on the target.
+                let sums = BlockSums::from_crcs(want[first..i].iter().copied());
                 target
                     .data
-                    .write(self.next_id(), off, data)
+                    .write(self.next_id(), off, data, Some(sums))
                     .await
                     .map_err(|e| format!("{}: {e}", target.addr))?;
                 copied += len;
@@ -505,6 +602,20 @@ impl Volume {
             .expect("invariant: rebuild lock")
             .clone()
     }
+}
+
+/// `offset..offset+len` cut at multiples of [`MAX_PIECE`], so that a piece widened to whole
+/// blocks (read-modify-write, healing) still fits in one replica request.
+fn pieces(offset: u64, len: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity((len / MAX_PIECE + 2) as usize);
+    let mut at = offset;
+    while at < offset + len {
+        let next = (at / MAX_PIECE + 1) * MAX_PIECE;
+        let n = next.min(offset + len) - at;
+        out.push((at, n));
+        at += n;
+    }
+    out
 }
 
 /// One replica's part of a replicated request, counted in its in-flight requests and
@@ -578,15 +689,13 @@ impl BlockDevice for Volume {
     fn read(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<Bytes, BlockError>> {
         Box::pin(async move {
             self.check_range(offset, len)?;
-            if len <= MAX_PIECE {
-                return self.read_piece(offset, len).await;
+            let pieces = pieces(offset, len);
+            if let [(at, n)] = pieces.as_slice() {
+                return self.read_piece(*at, *n).await;
             }
             let mut out = bytes::BytesMut::with_capacity(len as usize);
-            let mut at = offset;
-            while at < offset + len {
-                let n = MAX_PIECE.min(offset + len - at);
+            for (at, n) in pieces {
                 out.extend_from_slice(&self.read_piece(at, n).await?);
-                at += n;
             }
             Ok(out.freeze())
         })
@@ -595,15 +704,14 @@ impl BlockDevice for Volume {
     fn write(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), BlockError>> {
         Box::pin(async move {
             self.check_range(offset, data.len() as u64)?;
-            if data.len() as u64 <= MAX_PIECE {
+            let pieces = pieces(offset, data.len() as u64);
+            if pieces.len() == 1 {
                 return self.write_piece(offset, data).await;
             }
-            let mut at = 0usize;
-            while at < data.len() {
-                let n = (MAX_PIECE as usize).min(data.len() - at);
-                self.write_piece(offset + at as u64, data.slice(at..at + n))
+            for (at, n) in pieces {
+                let from = (at - offset) as usize;
+                self.write_piece(at, data.slice(from..from + n as usize))
                     .await?;
-                at += n;
             }
             Ok(())
         })
@@ -619,5 +727,28 @@ impl BlockDevice for Volume {
 
     fn flush(&self) -> BoxFuture<'_, Result<(), BlockError>> {
         Box::pin(self.flush_all())
+    }
+}
+
+#[cfg(test)]
+mod piece_tests {
+    use super::*;
+
+    #[test]
+    fn pieces_are_cut_at_multiples_of_the_piece_size() {
+        assert_eq!(pieces(0, 4096), vec![(0, 4096)]);
+        assert_eq!(
+            pieces(100, MAX_PIECE),
+            vec![(100, MAX_PIECE - 100), (MAX_PIECE, 100)]
+        );
+        let p = pieces(MAX_PIECE - 1, 2 * MAX_PIECE + 2);
+        assert_eq!(p.len(), 4);
+        assert_eq!(p.iter().map(|(_, n)| n).sum::<u64>(), 2 * MAX_PIECE + 2);
+        for (at, n) in p {
+            // Widened to whole blocks, every piece stays within one window.
+            let start = at / BLOCK * BLOCK;
+            let end = (at + n).div_ceil(BLOCK) * BLOCK;
+            assert!(end - start <= MAX_PIECE, "{at}+{n}");
+        }
     }
 }

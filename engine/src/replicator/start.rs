@@ -8,12 +8,17 @@
 //!    salvage: then it proceeds with the members it has, and says so in the log.
 //! 2. A new generation (the highest any replica accepted, plus one) fences every older
 //!    engine: a replica refuses data streams of lower generations from then on.
+//!    Opening the data paths presents it, and a replica answers that hello only after every
+//!    request of an older engine's streams has finished; only then are the flush numbers read
+//!    again, since a flush of a killed engine may still complete until that point.
 //! 3. The current replicas may differ only in regions written since the oldest flush any of
 //!    them completed (the replicas keep that record on disk, see `regions.rs` of the
-//!    replica). Those regions are compared block by block (CRC32C of each 4 KiB) and the
-//!    blocks that differ are copied from the replica with the highest flush number to the
-//!    others. Then one flush makes them all durable and equal,
-//!    and a new epoch is recorded.
+//!    replica). Those regions are compared block by block (the stored CRC32C of each 4 KiB)
+//!    and each block that differs is copied to the others from the replica with the highest
+//!    flush number, unless that replica had to adopt the block's checksum from its data when
+//!    it opened after a crash (`sums.rs` of the replica: the block was being written, or is
+//!    damaged, and it cannot tell which) and another replica did not: that one's copy wins.
+//!    Then one flush makes them all durable and equal, and a new epoch is recorded.
 //! 4. Replicas that are reachable but not current are left out; the caller rebuilds them.
 
 use std::collections::BTreeSet;
@@ -25,9 +30,11 @@ use tonic::transport::Channel;
 use zebu_proto::replica as pb;
 use zebu_proto::replica::replica_client::ReplicaClient;
 
+use zebu_proto::sums::BlockSums;
+
 use super::{
-    Membership, Mode, RangeLock, RebuildStatus, Replica, Volume, VolumeConfig, connect_channel,
-    control_client, open_data_path, written_ranges,
+    BLOCK, Membership, Mode, RangeLock, RebuildStatus, Replica, Volume, VolumeConfig,
+    connect_channel, control_client, open_data_path, written_ranges,
 };
 
 /// How an engine starts.
@@ -211,6 +218,24 @@ impl Volume {
                 zero_fill_unmaps: AtomicBool::new(false),
             }));
         }
+        // Fenced now (module docs, step 2): the flush numbers cannot move any more.
+        let mut current = current;
+        for p in &mut current {
+            let mut c = control_client(p.channel.clone());
+            p.info = tokio::time::timeout(timeout, c.info(pb::InfoRequest {}))
+                .await
+                .map_err(|_| StartError::Replica {
+                    volume: volume.clone(),
+                    addr: p.addr.clone(),
+                    why: format!("no answer to Info within {timeout:?}"),
+                })?
+                .map_err(|s| StartError::Replica {
+                    volume: volume.clone(),
+                    addr: p.addr.clone(),
+                    why: format!("Info failed: {}", s.message()),
+                })?
+                .into_inner();
+        }
         let flush = current
             .iter()
             .map(|p| p.info.flush_number)
@@ -233,6 +258,8 @@ impl Volume {
             flush_lock: tokio::sync::Mutex::new(()),
             rebuild: Mutex::new(RebuildStatus::default()),
             ops: tokio::sync::Mutex::new(()),
+            integrity: Default::default(),
+            scrub: Default::default(),
         });
         v.reconcile(&current)
             .await
@@ -253,6 +280,7 @@ impl Volume {
                 addr: "(epoch)".into(),
                 why: e.to_string(),
             })?;
+        v.start_liveness();
         tracing::info!(%volume, generation, replicas = v.replicas().len(), ?stale_addrs, "volume started");
         Ok((v, stale_addrs))
     }
@@ -274,33 +302,118 @@ impl Volume {
         if ranges.is_empty() {
             return Ok(());
         }
-        let source_addr = current
-            .iter()
-            .max_by_key(|p| p.info.flush_number)
-            .map(|p| p.addr.clone())
-            .unwrap_or_default();
-        let source = reps
-            .iter()
-            .find(|r| r.addr == source_addr)
-            .cloned()
-            .ok_or("source vanished")?;
-        let others: Vec<Arc<Replica>> = reps
-            .iter()
-            .filter(|r| r.addr != source_addr)
-            .cloned()
-            .collect();
+        // The preferred source: the highest flush number (`max_by_key` keeps the last of
+        // equals), then the others in that order.
+        let mut order: Vec<Arc<Replica>> = reps.clone();
+        let flush_of = |r: &Replica| {
+            current
+                .iter()
+                .find(|p| p.addr == r.addr)
+                .map_or(0, |p| p.info.flush_number)
+        };
+        order.sort_by_key(|r| std::cmp::Reverse(flush_of(r)));
         let mut copied = 0u64;
         for r in &ranges {
-            for o in &others {
-                copied += self
-                    .copy_differing(&source, o, r.start, r.end - r.start)
-                    .await?;
+            let mut at = r.start;
+            while at < r.end {
+                let n = RECONCILE_PIECE.min(r.end - at);
+                copied += self.reconcile_piece(&order, at, n).await?;
+                at += n;
             }
         }
-        tracing::info!(volume = %self.config.name, ranges = ranges.len(), copied, source = %source_addr,
+        tracing::info!(volume = %self.config.name, ranges = ranges.len(), copied, source = %order[0].addr,
             "reconciled regions written since flush {oldest}");
         Ok(())
     }
+
+    /// Makes every replica in `order` (preferred source first) hold the same data in
+    /// `at..at+n`; returns the bytes copied.
+    async fn reconcile_piece(
+        &self,
+        order: &[Arc<Replica>],
+        at: u64,
+        n: u64,
+    ) -> Result<u64, String> {
+        let mut views = Vec::with_capacity(order.len());
+        for r in order {
+            views.push(sums_and_adopted(r, at, n).await?);
+        }
+        let blocks = (n / BLOCK) as usize;
+        if views.iter().any(|(s, _)| s.len() != blocks) {
+            return Err(format!(
+                "replicas answered checksums of the wrong length for {at}+{n}"
+            ));
+        }
+        // (winner, target) -> blocks to copy.
+        let mut copies: std::collections::BTreeMap<(usize, usize), Vec<usize>> = Default::default();
+        for i in 0..blocks {
+            let first = views[0].0[i];
+            if views.iter().all(|(s, _)| s[i] == first) {
+                continue;
+            }
+            let winner = if views[0].1.contains(&(i as u32)) {
+                views
+                    .iter()
+                    .position(|(_, adopted)| !adopted.contains(&(i as u32)))
+                    .unwrap_or(0)
+            } else {
+                0
+            };
+            for (t, (s, _)) in views.iter().enumerate() {
+                if s[i] != views[winner].0[i] {
+                    copies.entry((winner, t)).or_default().push(i);
+                }
+            }
+        }
+        let mut copied = 0;
+        for ((w, t), idx) in copies {
+            let (source, target) = (&order[w], &order[t]);
+            let mut k = 0;
+            while k < idx.len() {
+                let mut j = k + 1;
+                while j < idx.len() && idx[j] == idx[j - 1] + 1 {
+                    j += 1;
+                }
+                let (first, count) = (idx[k], j - k);
+                let off = at + first as u64 * BLOCK;
+                let len = count as u64 * BLOCK;
+                let want = &views[w].0[first..first + count];
+                let data = self.read_source(source, target, off, len, want).await?;
+                let sums = BlockSums::from_crcs(want.iter().copied());
+                target
+                    .data
+                    .write(self.next_id(), off, data, Some(sums))
+                    .await
+                    .map_err(|e| format!("{}: {e}", target.addr))?;
+                copied += len;
+                k = j;
+            }
+        }
+        Ok(copied)
+    }
+}
+
+/// Blocks reconcile compares at a time.
+const RECONCILE_PIECE: u64 = 16 << 20;
+
+/// The stored checksum of each block of a range on one replica, and the blocks (indices) it
+/// adopted when it opened after a crash.
+async fn sums_and_adopted(
+    r: &Replica,
+    offset: u64,
+    len: u64,
+) -> Result<(Vec<u32>, Vec<u32>), String> {
+    let resp = r
+        .control()
+        .checksums(pb::ChecksumsRequest {
+            offset,
+            length: len,
+            block_size: BLOCK,
+        })
+        .await
+        .map_err(|s| format!("{}: Checksums: {}", r.addr, s.message()))?
+        .into_inner();
+    Ok((resp.crc32c, resp.adopted))
 }
 
 /// Current replicas must have the same snapshot chain. One that lacks only the newest

@@ -1,4 +1,7 @@
+use super::request::{OP_READ, OP_WRITE, REQ_FLAG_SUMS, REQ_FLAG_ZERO_FILL};
 use super::*;
+use crate::sums::{BlockSums, block_crc};
+use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 
 fn gather(b: &Batch) -> Vec<u8> {
@@ -37,18 +40,79 @@ fn one_response(buf: &mut BytesMut) -> Response {
 #[test]
 fn magic_differs_from_the_http2_preface() {
     assert_ne!(MAGIC[0], b"PRI * HTTP/2.0"[0]);
-    let h = Hello {
-        version: 2,
-        generation: 0x0102_0304_0506_0708,
-    };
+    let h = Hello::new(2, 0x0102_0304_0506_0708);
     let b = h.encode();
+    assert_eq!(
+        b.len(),
+        HELLO_LEN,
+        "versions 1 and 2 have no extension area"
+    );
     assert_eq!(&b[..4], b"ZBDF");
     assert_eq!(&b[4..8], &[2, 0, 0, 0], "little-endian version");
     assert_eq!(b[8], 0x08, "little-endian generation");
-    assert_eq!(Hello::decode(&b), Ok(h));
+    assert_eq!(
+        decode_hello(&mut BytesMut::from(&b[..])),
+        Ok(Decoded::Frame(h))
+    );
     let mut bad = b;
     bad[0] = b'P';
-    assert!(matches!(Hello::decode(&bad), Err(FrameError::BadMagic(_))));
+    assert!(matches!(
+        decode_hello(&mut BytesMut::from(&bad[..])),
+        Err(FrameError::BadMagic(_))
+    ));
+}
+
+#[test]
+fn a_version_3_hello_carries_extensions_that_unknown_servers_skip_unless_critical() {
+    let h = Hello {
+        extensions: Extensions(vec![
+            Extension {
+                kind: 7,
+                value: Bytes::from_static(b"volume-uuid"),
+            },
+            Extension {
+                kind: EXTENSION_CRITICAL | 9,
+                value: Bytes::new(),
+            },
+        ]),
+        ..Hello::new(3, 42)
+    };
+    let b = h.encode();
+    assert_eq!(b.len(), HELLO_LEN + 4 + (4 + 11) + 4);
+    // Fed byte by byte, as a slow socket would: Need grows until the whole area is there.
+    let mut buf = BytesMut::new();
+    for (i, byte) in b.iter().enumerate() {
+        assert!(
+            matches!(decode_hello(&mut buf), Ok(Decoded::Need(n)) if n > i),
+            "at {i}"
+        );
+        buf.extend_from_slice(&[*byte]);
+    }
+    let Ok(Decoded::Frame(back)) = decode_hello(&mut buf) else {
+        panic!("a whole hello")
+    };
+    assert!(buf.is_empty());
+    assert_eq!(back, h);
+    assert_eq!(
+        back.extensions.get(7).map(|v| &v[..]),
+        Some(&b"volume-uuid"[..])
+    );
+    assert_eq!(back.extensions.unknown_critical(&[7]), Some(0x8009));
+    assert_eq!(back.extensions.unknown_critical(&[7, 0x8009]), None);
+    // An area over the limit, or entries that do not add up, end the connection.
+    let mut big = Hello::new(3, 1).encode();
+    big[16..20].copy_from_slice(&(MAX_HELLO_EXTENSIONS as u32 + 1).to_le_bytes());
+    assert!(matches!(
+        decode_hello(&mut BytesMut::from(&big[..])),
+        Err(FrameError::TooLarge { .. })
+    ));
+    let mut cut = Hello::new(3, 1).encode();
+    cut[16..20].copy_from_slice(&3u32.to_le_bytes());
+    cut.extend_from_slice(&[1, 0, 9]);
+    assert!(matches!(
+        decode_hello(&mut BytesMut::from(&cut[..])),
+        Err(FrameError::BadExtensions(_))
+    ));
 }
 
 #[test]
@@ -66,7 +130,20 @@ fn every_request_round_trips() {
             op: RequestOp::Write {
                 offset: 12288,
                 data: Bytes::from(vec![7u8; 4096]),
+                sums: None,
             },
+        },
+        Request {
+            id: 22,
+            op: RequestOp::Write {
+                offset: 0,
+                data: Bytes::from(vec![8u8; 3 * 4096]),
+                sums: BlockSums::of(&[8u8; 3 * 4096]),
+            },
+        },
+        Request {
+            id: 23,
+            op: RequestOp::Ping,
         },
         Request {
             id: 3,
@@ -113,6 +190,7 @@ fn a_partial_request_asks_for_the_rest_and_consumes_nothing() {
         op: RequestOp::Write {
             offset: 0,
             data: Bytes::from(vec![1u8; 100]),
+            sums: None,
         },
     };
     let full = frame_of_request(&r);
@@ -146,12 +224,18 @@ fn large_writes_are_sent_without_a_copy() {
         op: RequestOp::Write {
             offset: 0,
             data: data.clone(),
+            sums: BlockSums::of(&data),
         },
     };
     let mut b = Batch::default();
     b.push_request(&r);
     let slices = b.io_slices();
-    assert_eq!(slices.len(), 2);
+    assert_eq!(
+        slices.len(),
+        2,
+        "header and sums staged, the data its own slice"
+    );
+    assert_eq!(slices[0].len(), REQUEST_HEADER_LEN + 256 * 4);
     assert_eq!(
         slices[1].as_ptr(),
         data.as_ptr(),
@@ -187,6 +271,21 @@ fn malformed_request_headers_are_errors() {
         RequestHeader::decode(&h),
         Err(FrameError::BadFlags { .. })
     ));
+    let mut h = good;
+    h[1] = REQ_FLAG_SUMS; // sums on a read
+    assert!(matches!(
+        RequestHeader::decode(&h),
+        Err(FrameError::BadFlags { .. })
+    ));
+    // Sums on a write that is not whole blocks: the sums' length cannot be known.
+    let mut h = good;
+    h[0] = OP_WRITE;
+    h[1] = REQ_FLAG_SUMS;
+    h[24..32].copy_from_slice(&4097u64.to_le_bytes());
+    assert_eq!(
+        RequestHeader::decode(&h),
+        Err(FrameError::SumsUnaligned { len: 4097 })
+    );
     let too_big = RequestHeader {
         op: OP_WRITE,
         flags: 0,
@@ -208,6 +307,7 @@ fn malformed_request_headers_are_errors() {
     // A read's length is not a payload and has no frame limit.
     let huge_read = RequestHeader {
         op: OP_READ,
+        flags: 0,
         length: u64::MAX,
         ..too_big
     };
@@ -237,6 +337,11 @@ fn responses_round_trip_with_message_and_data() {
             "read of 9 bytes is larger than … the limit",
         ),
         Response::failed(14, Status::NoSpace, "disk full"),
+        Response {
+            data: Bytes::from(vec![5u8; 3 * 4096]),
+            corrupt: vec![0, 2],
+            ..Response::failed(15, Status::Corrupt, "2 blocks fail their checksum")
+        },
         Response {
             end: true,
             ..Response::failed(0, Status::Unavailable, "fenced: generation 1 < 2")
@@ -324,10 +429,10 @@ fn long_messages_are_cut_on_a_char_boundary() {
 fn malformed_response_headers_are_errors() {
     let good = Response::ok(1).header().encode();
     let mut h = good;
-    h[0] = 5;
+    h[0] = 6;
     assert_eq!(
         ResponseHeader::decode(&h),
-        Err(FrameError::UnknownStatus(5))
+        Err(FrameError::UnknownStatus(6))
     );
     let mut h = good;
     h[1] = 4;
@@ -343,8 +448,21 @@ fn malformed_response_headers_are_errors() {
         Err(FrameError::BadFlags { .. })
     ));
     let mut h = good;
-    h[30] = 1;
+    h[2] = 1;
     assert_eq!(ResponseHeader::decode(&h), Err(FrameError::Reserved));
+    // A corrupt-block list belongs to CORRUPT answers only, and is bounded.
+    let mut h = good;
+    h[28] = 1;
+    assert!(matches!(
+        ResponseHeader::decode(&h),
+        Err(FrameError::StrayCorruptList { .. })
+    ));
+    let mut h = Response::failed(1, Status::Corrupt, "x").header();
+    h.corrupt_count = MAX_CORRUPT + 1;
+    assert!(matches!(
+        ResponseHeader::decode(&h.encode()),
+        Err(FrameError::TooLarge { .. })
+    ));
     let mut h = Response::ok(1).header();
     h.message_len = MAX_MESSAGE_LEN as u32 + 1;
     assert!(matches!(
@@ -366,9 +484,10 @@ fn display_leaves_out_payloads() {
         op: RequestOp::Write {
             offset: 8192,
             data: Bytes::from(vec![0xAB; 4096]),
+            sums: BlockSums::of(&[0xAB; 4096]),
         },
     };
-    assert_eq!(r.to_string(), "#3 write 8192+4096");
+    assert_eq!(r.to_string(), "#3 write 8192+4096 with sums");
     let a = Response {
         data: Bytes::from(vec![0xAB; 4096]),
         ..Response::ok(3)
@@ -382,12 +501,21 @@ fn arb_request() -> impl Strategy<Value = Request> {
             .prop_map(|(offset, length)| RequestOp::Read { offset, length }),
         (
             any::<u64>(),
-            proptest::collection::vec(any::<u8>(), 0..40_000)
+            proptest::collection::vec(any::<u8>(), 0..40_000),
+            any::<bool>(),
         )
-            .prop_map(|(offset, d)| RequestOp::Write {
-                offset,
-                data: Bytes::from(d)
+            .prop_map(|(offset, mut d, sums)| {
+                if sums {
+                    d.resize(d.len().div_ceil(4096).max(1) * 4096, 3);
+                }
+                let sums = if sums { BlockSums::of(&d) } else { None };
+                RequestOp::Write {
+                    offset,
+                    data: Bytes::from(d),
+                    sums,
+                }
             }),
+        Just(RequestOp::Ping),
         (any::<u64>(), any::<u64>(), any::<bool>()).prop_map(|(offset, length, zero_fill)| {
             RequestOp::Unmap {
                 offset,
@@ -403,7 +531,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
 fn arb_response() -> impl Strategy<Value = Response> {
     (
         any::<u64>(),
-        0i32..5,
+        0i32..6,
         any::<bool>(),
         "\\PC{0,40}",
         any::<u64>(),
@@ -411,14 +539,23 @@ fn arb_response() -> impl Strategy<Value = Response> {
             proptest::collection::vec(any::<u8>(), 0..40_000).prop_map(Bytes::from),
             (0usize..40_000).prop_map(zeros),
         ],
+        proptest::collection::vec(0u32..2048, 0..20),
     )
-        .prop_map(|(id, s, end, message, flush_number, data)| Response {
-            id,
-            status: Status::try_from(s).expect("0..5 are statuses"),
-            end,
-            message,
-            flush_number,
-            data,
+        .prop_map(|(id, s, end, message, flush_number, data, corrupt)| {
+            let status = Status::try_from(s).expect("0..6 are statuses");
+            Response {
+                id,
+                status,
+                end,
+                message,
+                flush_number,
+                data,
+                corrupt: if status == Status::Corrupt {
+                    corrupt
+                } else {
+                    Vec::new()
+                },
+            }
         })
 }
 
@@ -474,38 +611,46 @@ proptest! {
         }
         let bytes = gather(&batch);
         prop_assert_eq!(bytes.len(), batch.len());
-        let left_out: usize = resps
+        // What a peer of this version is sent: CORRUPT becomes IO_ERROR below version 3.
+        let sent: Vec<Response> = resps
+            .iter()
+            .map(|r| r.for_version(version).unwrap_or_else(|| r.clone()))
+            .collect();
+        let left_out: usize = sent
             .iter()
             .filter(|r| version >= ZEROS_VERSION && r.status == Status::Ok && is_zeros(&r.data))
             .map(|r| r.data.len())
             .sum();
-        let full: usize = resps
+        let full: usize = sent
             .iter()
-            .map(|r| RESPONSE_HEADER_LEN + r.wire_message().len() + r.data.len())
+            .map(|r| RESPONSE_HEADER_LEN + r.wire_message().len() + r.corrupt.len() * 4 + r.data.len())
             .sum();
         prop_assert_eq!(bytes.len(), full - left_out);
-        prop_assert_eq!(decode_all(&bytes, step, decode_response)?, resps);
+        prop_assert_eq!(decode_all(&bytes, step, decode_response)?, sent);
     }
 
     #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300), step in 1usize..64) {
         let _ = decode_all(&bytes, step, decode_request);
         let _ = decode_all(&bytes, step, decode_response);
-        if let Some(h) = bytes.first_chunk::<HELLO_LEN>() {
-            let _ = Hello::decode(h);
-        }
+        let _ = decode_all(&bytes, step, decode_hello);
+        let mut hello = BytesMut::from(&b"ZBDF\x03\0\0\0\0\0\0\0\0\0\0\0"[..]);
+        hello.extend_from_slice(&bytes);
+        let _ = decode_hello(&mut hello);
+        let _ = Extensions::decode(Bytes::from(bytes));
     }
 
     #[test]
     fn arbitrary_headers_never_panic(
         mut head in proptest::array::uniform32(any::<u8>()),
-        op in 0u8..6,
+        op in 0u8..7,
         zero in any::<bool>(),
     ) {
         // Bias towards headers that pass the cheap checks, so the deeper ones run too.
         head[0] = op;
         if zero {
             head[2..8].fill(0);
+            head[2..4].fill(0);
         }
         let mut req = BytesMut::from(&head[..]);
         req.extend_from_slice(&[0u8; 8]);
@@ -513,4 +658,133 @@ proptest! {
         let mut resp = BytesMut::from(&head[..]);
         let _ = decode_response(&mut resp);
     }
+}
+
+#[test]
+fn older_peers_get_writes_without_sums_and_corrupt_answers_as_io_errors() {
+    let data = Bytes::from(vec![1u8; 8192]);
+    let w = Request {
+        id: 1,
+        op: RequestOp::Write {
+            offset: 0,
+            data: data.clone(),
+            sums: BlockSums::of(&data),
+        },
+    };
+    let mut v2 = Batch::for_version(2);
+    v2.push_request(&w);
+    let bytes = gather(&v2);
+    assert_eq!(
+        bytes.len(),
+        REQUEST_HEADER_LEN + 8192,
+        "no sums on the wire"
+    );
+    assert_eq!(
+        one_request(&mut BytesMut::from(&bytes[..])),
+        w.clone().for_version(2)
+    );
+    let mut v3 = Batch::for_version(3);
+    v3.push_request(&w);
+    assert_eq!(gather(&v3).len(), REQUEST_HEADER_LEN + 8 + 8192);
+    assert_eq!(one_request(&mut BytesMut::from(&gather(&v3)[..])), w);
+
+    let bad = Response {
+        data: Bytes::from(vec![9u8; 8192]),
+        corrupt: vec![1],
+        ..Response::failed(2, Status::Corrupt, "block 1 fails its checksum")
+    };
+    for version in [1, 2] {
+        let mut b = Batch::for_version(version);
+        b.push_response(&bad);
+        let back = one_response(&mut BytesMut::from(&gather(&b)[..]));
+        assert_eq!(back.status, Status::IoError);
+        assert_eq!(back.message, bad.message);
+        assert!(back.corrupt.is_empty() && back.data.is_empty());
+    }
+    let mut b = Batch::for_version(3);
+    b.push_response(&bad);
+    assert_eq!(one_response(&mut BytesMut::from(&gather(&b)[..])), bad);
+}
+
+#[test]
+fn a_request_with_sums_that_do_not_fit_its_data_goes_without_them() {
+    let r = Request {
+        id: 1,
+        op: RequestOp::Write {
+            offset: 0,
+            data: Bytes::from(vec![1u8; 8192]),
+            sums: Some(BlockSums::from_crcs([block_crc(&[1u8; 4096])])),
+        },
+    };
+    assert!(r.sums().is_none());
+    let back = one_request(&mut frame_of_request(&r));
+    assert!(matches!(back.op, RequestOp::Write { sums: None, .. }));
+}
+
+#[test]
+fn grpc_messages_convert_to_the_one_request_type_and_back() {
+    use crate::replica as pb;
+    let data = Bytes::from(vec![4u8; 8192]);
+    let reqs = [
+        Request {
+            id: 1,
+            op: RequestOp::Write {
+                offset: 4096,
+                data: data.clone(),
+                sums: BlockSums::of(&data),
+            },
+        },
+        Request {
+            id: 2,
+            op: RequestOp::Read {
+                offset: 0,
+                length: 4096,
+            },
+        },
+        Request {
+            id: 3,
+            op: RequestOp::Unmap {
+                offset: 0,
+                length: 4096,
+                zero_fill: true,
+            },
+        },
+        Request {
+            id: 4,
+            op: RequestOp::Flush { flush_number: 9 },
+        },
+        Request {
+            id: 5,
+            op: RequestOp::Ping,
+        },
+    ];
+    for r in reqs {
+        let msg = pb::DataRequest::from(r.clone());
+        assert_eq!(Request::try_from(msg), Ok(r));
+    }
+    let hello = pb::DataRequest {
+        id: 0,
+        op: Some(pb::data_request::Op::Hello(pb::DataHello::default())),
+    };
+    assert_eq!(Request::try_from(hello), Err(GrpcRequestError::Hello));
+    let none = pb::DataRequest { id: 1, op: None };
+    assert_eq!(Request::try_from(none), Err(GrpcRequestError::NoOp));
+    let short = pb::DataRequest {
+        id: 1,
+        op: Some(pb::data_request::Op::Write(pb::WriteOp {
+            offset: 0,
+            data: data.clone(),
+            crc32c: vec![1],
+        })),
+    };
+    assert!(matches!(
+        Request::try_from(short),
+        Err(GrpcRequestError::SumsMismatch { sums: 1, len: 8192 })
+    ));
+    let resp = Response {
+        data: data.clone(),
+        corrupt: vec![1],
+        ..Response::failed(7, Status::Corrupt, "bad")
+    };
+    assert_eq!(Response::from(pb::DataResponse::from(resp.clone())), resp);
 }

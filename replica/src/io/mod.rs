@@ -339,6 +339,11 @@ pub struct IoConfig {
     pub max_chunk: usize,
     /// How the layer files a [`Replica`](crate::Replica) opens with this engine meet the disk.
     pub cache: CacheMode,
+    /// Whether a [`Replica`](crate::Replica) opened with this engine keeps and checks block
+    /// checksums (the default). Off is for measuring what they cost: the replica then marks
+    /// every layer unverified before it serves (so the sums it stops keeping are never
+    /// trusted again) and a later open with checksums on computes them anew.
+    pub checksums: bool,
 }
 
 impl Default for IoConfig {
@@ -349,6 +354,7 @@ impl Default for IoConfig {
             threads: 8,
             max_chunk: MAX_CHUNK,
             cache: CacheMode::default(),
+            checksums: true,
         }
     }
 }
@@ -370,6 +376,7 @@ const MAX_CHUNK: usize = 1 << 30;
 pub struct IoEngine {
     inner: Arc<Executor>,
     cache: CacheMode,
+    checksums: bool,
 }
 
 enum Executor {
@@ -428,12 +435,18 @@ impl IoEngine {
         Ok(IoEngine {
             inner: Arc::new(executor),
             cache: config.cache,
+            checksums: config.checksums,
         })
     }
 
     /// How layer files opened for this engine meet the disk ([`IoConfig::cache`]).
     pub fn cache(&self) -> CacheMode {
         self.cache
+    }
+
+    /// Whether replicas opened with this engine keep checksums ([`IoConfig::checksums`]).
+    pub fn checksums(&self) -> bool {
+        self.checksums
     }
 
     pub fn backend(&self) -> Backend {

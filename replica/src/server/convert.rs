@@ -19,6 +19,7 @@ pub fn code_of(e: &ReplicaError) -> Code {
         ReplicaError::StaleGeneration { .. } => Code::FailedPrecondition,
         ReplicaError::Closed => Code::Unavailable,
         ReplicaError::NoSpace(_) => Code::ResourceExhausted,
+        ReplicaError::ChecksumMismatch { .. } => Code::DataLoss,
         ReplicaError::SizeMismatch { .. }
         | ReplicaError::NotAReplica { .. }
         | ReplicaError::Corrupt { .. }
@@ -41,6 +42,7 @@ pub fn data_status_of(e: &ReplicaError) -> DataStatus {
         // A fenced or closed replica cannot serve this engine; retrying elsewhere helps.
         ReplicaError::Closed | ReplicaError::StaleGeneration { .. } => DataStatus::Unavailable,
         ReplicaError::NoSpace(_) => DataStatus::NoSpace,
+        ReplicaError::ChecksumMismatch { .. } => DataStatus::Corrupt,
         ReplicaError::SizeMismatch { .. }
         | ReplicaError::NotAReplica { .. }
         | ReplicaError::Corrupt { .. }
@@ -81,6 +83,11 @@ pub fn info_to_pb(info: ReplicaInfo, open: bool) -> pb::InfoResponse {
             dirty: info.dirty_regions,
         }),
         open,
+        checksums: Some(pb::ChecksumSummary {
+            unverified_bytes: info.unverified_bytes,
+            adopted_blocks: info.adopted_blocks,
+            corrupt_found: info.corrupt_found,
+        }),
         replica_id: info.replica_id,
     }
 }

@@ -12,20 +12,26 @@
 //! requests already running have answered. A bad request is answered with a non-OK
 //! [`DataStatus`]; only a broken transport (or an oversized message, which the transport
 //! cannot skip) ends the stream.
+//!
+//! Both transports run the same request type: a gRPC message is converted into the frames
+//! [`Request`] (`zebu_proto::frames`) and [`run_op`] answers it with a [`Response`], which
+//! goes back as a gRPC message or a frame, translated for the client's protocol version (a
+//! version 1 client gets IO_ERROR where a version 3 client gets CORRUPT).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
+use zebu_proto::frames::{Request, RequestOp, Response};
 use zebu_proto::replica as pb;
 use zebu_proto::replica::data_request::Op;
 
 use super::convert::{DataStatus, data_status_of};
 use super::{Fence, MAX_BYTES_IN_FLIGHT, MAX_IN_FLIGHT, MAX_IO_BYTES, MAX_MESSAGE_BYTES, Shared};
+use crate::ReplicaError;
 
 /// How long a new stream may take to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -45,7 +51,7 @@ pub(super) fn start(
 }
 
 async fn run(shared: Arc<Shared>, mut inbound: Streaming<pb::DataRequest>, tx: Tx) {
-    let (generation, closes) = match hello(&shared, &mut inbound).await {
+    let (version, generation, closes) = match hello(&shared, &mut inbound).await {
         Ok(accepted) => accepted,
         Err(status) => {
             info!(code = ?status.code(), "data stream refused: {}", status.message());
@@ -55,7 +61,11 @@ async fn run(shared: Arc<Shared>, mut inbound: Streaming<pb::DataRequest>, tx: T
     };
     tracing::Span::current().record("generation", generation);
     info!("data stream accepted");
-    if tx.send(Ok(ok(0))).await.is_err() {
+    if tx
+        .send(Ok(pb::DataResponse::from(Response::ok(0))))
+        .await
+        .is_err()
+    {
         return;
     }
 
@@ -80,7 +90,7 @@ async fn run(shared: Arc<Shared>, mut inbound: Streaming<pb::DataRequest>, tx: T
                         .await
                         .expect("invariant: the semaphore is never closed");
                     let permit = (permit, bytes);
-                    let task = execute(shared.clone(), generation, closes, req, tx.clone(), permit);
+                    let task = execute(shared.clone(), version, generation, closes, req, tx.clone(), permit);
                     tokio::spawn(task.in_current_span());
                 }
                 Ok(None) => break None,
@@ -100,11 +110,12 @@ async fn run(shared: Arc<Shared>, mut inbound: Streaming<pb::DataRequest>, tx: T
     }
 }
 
-/// Reads the hello and accepts its generation; returns it with the close count it saw.
+/// Reads the hello and accepts its generation; returns the version spoken and the generation
+/// with the close count it saw.
 async fn hello(
     shared: &Shared,
     inbound: &mut Streaming<pb::DataRequest>,
-) -> Result<(u64, u64), Status> {
+) -> Result<(u32, u64, u64), Status> {
     let first = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
         Err(_) => return Err(Status::deadline_exceeded("no hello within 30 s")),
         Ok(Err(status)) => return Err(transport_error(status)),
@@ -116,28 +127,32 @@ async fn hello(
             "the first message of a data stream must be a hello",
         ));
     };
+    let v = hello.protocol_version;
     accept(
         shared,
-        hello.protocol_version,
-        pb::PROTOCOL_VERSION,
+        v,
+        pb::MIN_PROTOCOL_VERSION..=pb::PROTOCOL_VERSION,
         hello.generation,
     )
     .await
+    .map(|(g, c)| (v, g, c))
 }
 
 /// Accepts a data stream's hello, whatever its transport: checks the protocol version
-/// against `speaks`, refuses a generation lower than the accepted one, persists and
-/// announces a higher one (which fences older streams of every transport). Returns the
-/// generation with the close count it saw, for [`fenced`].
+/// against the versions the transport speaks, refuses a generation lower than the accepted
+/// one, persists and announces a higher one (which fences older streams of every transport).
+/// Returns the generation with the close count it saw, for [`fenced`].
 pub(super) async fn accept(
     shared: &Shared,
     version: u32,
-    speaks: u32,
+    speaks: std::ops::RangeInclusive<u32>,
     g: u64,
 ) -> Result<(u64, u64), Status> {
-    if version != speaks {
+    if !speaks.contains(&version) {
         return Err(Status::failed_precondition(format!(
-            "protocol version {version} is not supported; this replica speaks version {speaks}"
+            "protocol version {version} is not supported; this replica speaks versions {} to {}",
+            speaks.start(),
+            speaks.end()
         )));
     }
     {
@@ -220,6 +235,15 @@ fn budget_units(req: &pb::DataRequest) -> u32 {
     }
 }
 
+/// [`budget_units`] of a request of either transport.
+pub(super) fn request_units(req: &Request) -> u32 {
+    match &req.op {
+        RequestOp::Read { length, .. } => units_for(*length, 0),
+        RequestOp::Write { data, .. } => units_for(0, data.len() as u64),
+        _ => units_for(0, 0),
+    }
+}
+
 /// [`budget_units`] of a read of `read` bytes or a write of `written` bytes (whatever the
 /// transport).
 pub(super) fn units_for(read: u64, written: u64) -> u32 {
@@ -229,29 +253,13 @@ pub(super) fn units_for(read: u64, written: u64) -> u32 {
         .clamp(1, BUDGET_UNITS) as u32
 }
 
-fn ok(id: u64) -> pb::DataResponse {
-    pb::DataResponse {
-        id,
-        status: DataStatus::Ok as i32,
-        ..Default::default()
-    }
-}
-
-fn failed(id: u64, status: DataStatus, message: String) -> pb::DataResponse {
-    pb::DataResponse {
-        id,
-        status: status as i32,
-        message,
-        ..Default::default()
-    }
-}
-
 fn too_large(what: &str, len: u64) -> String {
     format!("{what} of {len} bytes is larger than the limit of {MAX_IO_BYTES} bytes per request")
 }
 
 async fn execute(
     shared: Arc<Shared>,
+    version: u32,
     generation: u64,
     closes: u64,
     req: pb::DataRequest,
@@ -259,86 +267,115 @@ async fn execute(
     _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 ) {
     let id = req.id;
-    let resp = match req.op {
-        None => failed(id, DataStatus::Invalid, "request has no operation".into()),
-        Some(op) => run_op(&shared, generation, closes, id, op).await,
+    let resp = match Request::try_from(req) {
+        Ok(req) => run_op(&shared, generation, closes, req).await,
+        Err(e) => Response::failed(id, DataStatus::Invalid, e.to_string()),
     };
-    if resp.status != DataStatus::Ok as i32 {
-        debug!(id, status = resp.status, "request failed: {}", resp.message);
+    if resp.status != DataStatus::Ok {
+        debug!(id, status = ?resp.status, "request failed: {}", resp.message);
     }
+    let resp = resp.for_version(version).unwrap_or(resp);
     // The client may be gone; its requests' answers have nowhere to go.
-    let _ = tx.send(Ok(resp)).await;
+    let _ = tx.send(Ok(pb::DataResponse::from(resp))).await;
 }
 
 /// Executes one request under a read guard, re-checking the fence first, and answers it.
-/// Shared by both transports, so they fence and refuse identically.
+/// Shared by both transports, so they fence, refuse and answer identically.
 pub(super) async fn run_op(
     shared: &Shared,
     generation: u64,
     closes: u64,
-    id: u64,
-    op: Op,
-) -> pb::DataResponse {
+    req: Request,
+) -> Response {
+    let id = req.id;
     let state = shared.state.read().await;
     let fence = Fence {
         generation: state.generation,
         closes: state.closes,
     };
     if let Some(why) = fenced(fence, generation, closes) {
-        return failed(id, DataStatus::Unavailable, why.message().to_string());
+        return Response::failed(id, DataStatus::Unavailable, why.message());
     }
     let Some(replica) = state.replica.as_ref() else {
-        return failed(id, DataStatus::Unavailable, "the replica is closed".into());
+        return Response::failed(id, DataStatus::Unavailable, "the replica is closed");
     };
-    let result = match op {
-        Op::Read(r) => {
-            if r.length > MAX_IO_BYTES {
-                return failed(id, DataStatus::Invalid, too_large("read", r.length));
+    let result = match req.op {
+        RequestOp::Read { offset, length } => {
+            if length > MAX_IO_BYTES {
+                return Response::failed(id, DataStatus::Invalid, too_large("read", length));
             }
-            debug!(id, offset = r.offset, length = r.length, "read");
-            replica
-                .read(r.offset, r.length)
-                .await
-                .map(|data| pb::DataResponse { data, ..ok(id) })
+            debug!(id, offset, length, "read");
+            replica.read_verified(offset, length).await.map(|got| {
+                if got.corrupt.is_empty() {
+                    Response {
+                        data: got.data,
+                        ..Response::ok(id)
+                    }
+                } else {
+                    Response {
+                        message: format!(
+                            "{} block(s) of {offset}+{length} fail their checksum",
+                            got.corrupt.len()
+                        ),
+                        data: got.data,
+                        corrupt: got.corrupt,
+                        ..Response::failed(id, DataStatus::Corrupt, "")
+                    }
+                }
+            })
         }
-        Op::Write(w) => {
-            let len = w.data.len() as u64;
+        RequestOp::Write { offset, data, sums } => {
+            let len = data.len() as u64;
             if len > MAX_IO_BYTES {
-                return failed(id, DataStatus::Invalid, too_large("write", len));
+                return Response::failed(id, DataStatus::Invalid, too_large("write", len));
             }
-            debug!(id, offset = w.offset, length = len, "write");
-            let data: Bytes = w.data;
-            replica.write(w.offset, data).await.map(|()| ok(id))
-        }
-        Op::Unmap(u) => {
-            debug!(id, offset = u.offset, length = u.length, "unmap");
-            let done = if u.zero_fill {
-                replica.zero_fill(u.offset, u.length).await
-            } else {
-                replica.unmap(u.offset, u.length).await
-            };
-            done.map(|()| ok(id))
-        }
-        Op::Flush(f) => {
-            debug!(id, flush_number = f.flush_number, "flush");
+            debug!(id, offset, length = len, sums = sums.is_some(), "write");
             replica
-                .flush(f.flush_number)
+                .write_with_sums(offset, data, sums)
                 .await
-                .map(|n| pb::DataResponse {
-                    flush_number: n,
-                    ..ok(id)
-                })
+                .map(|()| Response::ok(id))
         }
-        Op::Hello(_) => {
-            let why = "hello is only valid as the first message of a stream";
-            return failed(id, DataStatus::Invalid, why.into());
+        RequestOp::Unmap {
+            offset,
+            length,
+            zero_fill,
+        } => {
+            debug!(id, offset, length, "unmap");
+            let done = if zero_fill {
+                replica.zero_fill(offset, length).await
+            } else {
+                replica.unmap(offset, length).await
+            };
+            done.map(|()| Response::ok(id))
         }
+        RequestOp::Flush { flush_number } => {
+            debug!(id, flush_number, "flush");
+            replica.flush(flush_number).await.map(|n| Response {
+                flush_number: n,
+                ..Response::ok(id)
+            })
+        }
+        RequestOp::Ping => Ok(Response::ok(id)),
     };
     result.unwrap_or_else(|e| {
         let status = data_status_of(&e);
         if status == DataStatus::IoError {
             warn!(id, "request failed with an I/O error: {e}");
         }
-        failed(id, status, e.to_string())
+        let corrupt = match &e {
+            // A write refused because its edge blocks fail their checksum: which ones.
+            ReplicaError::ChecksumMismatch { offset, blocks, .. } => {
+                let first = offset / crate::BLOCK_SIZE;
+                blocks
+                    .iter()
+                    .map(|b| (b / crate::BLOCK_SIZE - first) as u32)
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        Response {
+            corrupt,
+            ..Response::failed(id, status, e.to_string())
+        }
     })
 }

@@ -20,9 +20,11 @@
 //! `data::run_op`), so both transports refuse, fence and answer identically: a higher
 //! generation accepted on either ends streams of both kinds, and a close ends them all.
 //!
-//! Both protocol versions are spoken, each connection in its client's: from version 2 on, a
+//! Every protocol version is spoken, each connection in its client's: from version 2 on, a
 //! read of a hole (the store returns `frames::zeros`) is answered with the ZEROS flag and no
-//! payload.
+//! payload; from version 3 on, writes may carry block sums, reads may be answered CORRUPT,
+//! and ping is an op (`frames::Batch` translates answers for older clients). A hello naming a
+//! critical extension this build does not know is refused.
 //!
 //! When the stream is fenced or the replica closes, the task stops reading, lets the requests
 //! already running answer, sends an END response with the reason and closes the connection.
@@ -43,11 +45,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Code, Status};
 use tracing::{Instrument, debug, info, info_span};
 use zebu_proto::frames::{
-    self, Batch, Decoded, FrameError, HELLO_LEN, Hello, REQUEST_HEADER_LEN, Request, RequestHeader,
-    RequestOp, Response,
+    self, Batch, Decoded, FrameError, Hello, REQUEST_HEADER_LEN, Request, RequestHeader, Response,
 };
 use zebu_proto::replica as pb;
-use zebu_proto::replica::data_request::Op;
 
 use super::data::{self, BUDGET_UNITS};
 use super::{MAX_IN_FLIGHT, Shared};
@@ -104,13 +104,21 @@ where
         Ok(Err(e)) => return info!("frames connection dropped before its hello: {e}"),
         Err(_) => return info!("frames connection dropped: no hello within {HELLO_TIMEOUT:?}"),
     };
-    // Every version from MIN_VERSION on is spoken; `accept` refuses any other.
-    let speaks = if (frames::MIN_VERSION..=frames::VERSION).contains(&hello.version) {
-        hello.version
-    } else {
-        frames::VERSION
+    // No extension is known yet (frames.rs in proto: "Hello extensions").
+    let accepted = match hello.extensions.unknown_critical(&[]) {
+        Some(kind) => Err(Status::invalid_argument(format!(
+            "the hello asks for critical extension {kind:#06x}, which this replica does not know"
+        ))),
+        None => {
+            data::accept(
+                &shared,
+                hello.version,
+                frames::MIN_VERSION..=frames::VERSION,
+                hello.generation,
+            )
+            .await
+        }
     };
-    let accepted = data::accept(&shared, hello.version, speaks, hello.generation).await;
     let (generation, closes) = match accepted {
         Ok(a) => a,
         Err(status) => {
@@ -234,11 +242,7 @@ where
     // Starts a request read off the socket, or parks it until the budget allows.
     let start =
         |req: Request, running: &mut FuturesUnordered<_>, waiting: &mut Option<(Request, u32)>| {
-            let units = match &req.op {
-                RequestOp::Read { length, .. } => data::units_for(*length, 0),
-                RequestOp::Write { data, .. } => data::units_for(0, data.len() as u64),
-                _ => data::units_for(0, 0),
-            };
+            let units = data::request_units(&req);
             match try_acquire(&count, &bytes, units) {
                 Some(p) => running.push(execute(shared.clone(), generation, closes, req, p)),
                 None => *waiting = Some((req, units)),
@@ -346,33 +350,10 @@ async fn execute(
     req: Request,
     permits: Permits,
 ) -> Answer {
-    let op = match req.op {
-        RequestOp::Read { offset, length } => Op::Read(pb::ReadOp { offset, length }),
-        RequestOp::Write { offset, data } => Op::Write(pb::WriteOp { offset, data }),
-        RequestOp::Unmap {
-            offset,
-            length,
-            zero_fill,
-        } => Op::Unmap(pb::UnmapOp {
-            offset,
-            length,
-            zero_fill,
-        }),
-        RequestOp::Flush { flush_number } => Op::Flush(pb::FlushOp { flush_number }),
-    };
-    let r = data::run_op(&shared, generation, closes, req.id, op).await;
-    let status = pb::Status::try_from(r.status).unwrap_or(pb::Status::IoError);
-    if status != pb::Status::Ok {
-        debug!(id = r.id, ?status, "request failed: {}", r.message);
+    let answer = data::run_op(&shared, generation, closes, req).await;
+    if answer.status != pb::Status::Ok {
+        debug!(id = answer.id, status = ?answer.status, "request failed: {}", answer.message);
     }
-    let answer = Response {
-        id: r.id,
-        status,
-        end: false,
-        message: r.message,
-        flush_number: r.flush_number,
-        data: r.data,
-    };
     (answer, Some(permits))
 }
 
@@ -398,22 +379,24 @@ struct FrameReader<R> {
 
 struct DirectPayload {
     header: RequestHeader,
+    /// The write's block sums (version 3), taken before its data.
+    sums: bytes::Bytes,
     data: AlignedBuf,
     filled: usize,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     async fn hello(&mut self) -> Result<Hello, ReadError> {
-        while self.buf.len() < HELLO_LEN {
-            if !self.fill(HELLO_LEN).await? {
-                return Err(ReadError::Truncated(self.buf.len()));
+        loop {
+            match frames::decode_hello(&mut self.buf)? {
+                Decoded::Frame(h) => return Ok(h),
+                Decoded::Need(total) => {
+                    if !self.fill(total).await? {
+                        return Err(ReadError::Truncated(self.buf.len()));
+                    }
+                }
             }
         }
-        let head = self.buf.split_to(HELLO_LEN);
-        let head: &[u8; HELLO_LEN] = head[..]
-            .try_into()
-            .expect("invariant: split_to gave HELLO_LEN bytes");
-        Ok(Hello::decode(head)?)
     }
 
     /// The next request, or `None` at a clean end of the connection (between frames).
@@ -422,14 +405,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if let Some(p) = &mut self.direct {
                 if p.filled == p.data.len() {
                     let p = self.direct.take().expect("invariant: checked just above");
-                    let op = RequestOp::Write {
-                        offset: p.header.offset,
-                        data: p.data.into_bytes(),
-                    };
-                    return Ok(Some(Request {
-                        id: p.header.id,
-                        op,
-                    }));
+                    return Ok(Some(p.header.into_request(p.sums, p.data.into_bytes())));
                 }
                 // One read per poll: cancel-safe, nothing read is lost if dropped.
                 let n = self.rd.read(&mut p.data[p.filled..]).await?;
@@ -443,15 +419,30 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 let h = RequestHeader::decode(head)?;
                 let len = h.payload_len();
                 let whole = self.buf.len() >= REQUEST_HEADER_LEN + len;
-                if h.is_write() && !whole && len >= DIRECT_PAYLOAD_MIN && len % IO_ALIGN == 0 {
+                let data_len = h.length as usize;
+                let sums_len = h.sums_len();
+                if h.is_write()
+                    && !whole
+                    && data_len >= DIRECT_PAYLOAD_MIN
+                    && data_len.is_multiple_of(IO_ALIGN)
+                {
+                    // The sums (small) come first and are taken from the buffer as they are.
+                    if self.buf.len() < REQUEST_HEADER_LEN + sums_len {
+                        if !self.fill(REQUEST_HEADER_LEN + sums_len).await? {
+                            return Err(ReadError::Truncated(self.buf.len()));
+                        }
+                        continue;
+                    }
                     self.buf.advance(REQUEST_HEADER_LEN);
-                    // A multiple of the alignment: the buffer is exactly `len` long.
-                    let mut data = AlignedBuf::for_overwrite(len);
-                    let have = self.buf.len();
-                    data[..have].copy_from_slice(&self.buf);
-                    self.buf.clear();
+                    let sums = self.buf.split_to(sums_len).freeze();
+                    // A multiple of the alignment: the buffer is exactly `data_len` long.
+                    let mut data = AlignedBuf::for_overwrite(data_len);
+                    let have = self.buf.len().min(data_len);
+                    data[..have].copy_from_slice(&self.buf[..have]);
+                    self.buf.advance(have);
                     self.direct = Some(DirectPayload {
                         header: h,
+                        sums,
                         data,
                         filled: have,
                     });

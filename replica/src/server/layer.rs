@@ -5,6 +5,11 @@
 //! per chunk: a long copy never holds back `Close` or a new generation for longer than one
 //! chunk. Zero chunks inside data extents are sent too, because a layer's zeros hide what
 //! older layers hold.
+//!
+//! Checksums travel with the data (protocol version 3): every chunk carries the checksums
+//! its source stores, checked there first (blocks that fail are listed, and copied as they
+//! are so they stay detectably bad), and `WriteLayer` checks the data against them before
+//! storing both: a copy damaged on the way is refused.
 
 use std::sync::Arc;
 
@@ -115,7 +120,22 @@ pub(super) async fn read_layer(
                     Err(status) => Err(status),
                 };
                 let failed = chunk.is_err();
-                let item = chunk.map(|data| pb::LayerChunk { offset, data });
+                let item = chunk.map(|got| {
+                    if !got.corrupt.is_empty() {
+                        tracing::warn!(
+                            layer = layer.as_deref().unwrap_or(""),
+                            offset,
+                            blocks = got.corrupt.len(),
+                            "a layer chunk sent with blocks that fail their checksum"
+                        );
+                    }
+                    pb::LayerChunk {
+                        offset,
+                        crc32c: got.sums.to_vec(),
+                        corrupt: got.corrupt,
+                        data: got.data,
+                    }
+                });
                 if tx.send(item).await.is_err() || failed {
                     return;
                 }
@@ -163,11 +183,14 @@ pub(super) async fn write_layer(
         if let Some(chunk) = msg.chunk {
             let len = chunk.data.len() as u64;
             if len > 0 {
+                // An older source sends no sums: the target computes them.
+                let sums = (!chunk.crc32c.is_empty())
+                    .then(|| zebu_proto::sums::BlockSums::from_crcs(chunk.crc32c));
                 shared
                     .current()
                     .await?
                     .replica
-                    .write_layer(&name, chunk.offset, chunk.data)
+                    .write_layer(&name, chunk.offset, chunk.data, sums, &chunk.corrupt)
                     .await
                     .map_err(to_status)?;
                 bytes_written += len;

@@ -62,6 +62,8 @@ pub const MAX_IN_FLIGHT: usize = 256;
 pub const MAX_BYTES_IN_FLIGHT: u64 = 128 << 20;
 /// Size of the chunks `ReadLayer` streams.
 pub const LAYER_CHUNK_BYTES: u64 = 1 << 20;
+/// The largest range one `Scrub` call verifies.
+pub const MAX_SCRUB_BYTES: u64 = 64 << 20;
 
 /// What the RwLock guards; see the module docs.
 struct State {
@@ -339,7 +341,42 @@ impl ReplicaRpc for ReplicaServer {
             .instrument(self.shared.rpc_span("checksums"))
             .await
             .map_err(to_status)?;
-        Ok(Response::new(pb::ChecksumsResponse { crc32c }))
+        let adopted = current.replica.adopted_in(req.offset, req.length);
+        Ok(Response::new(pb::ChecksumsResponse { crc32c, adopted }))
+    }
+
+    async fn scrub(
+        &self,
+        request: Request<pb::ScrubRequest>,
+    ) -> Result<Response<pb::ScrubResponse>, Status> {
+        let req = request.into_inner();
+        if req.length > MAX_SCRUB_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "scrub range of {} bytes is larger than the limit of {MAX_SCRUB_BYTES} bytes",
+                req.length
+            )));
+        }
+        let current = self.shared.current().await?;
+        let r = current
+            .replica
+            .scrub(req.offset, req.length)
+            .instrument(self.shared.rpc_span("scrub"))
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(pb::ScrubResponse {
+            bad: r
+                .bad
+                .into_iter()
+                .map(|b| pb::BadBlock {
+                    layer: b.layer,
+                    offset: b.offset,
+                    visible: b.visible,
+                })
+                .collect(),
+            crc32c: r.sums,
+            bytes_verified: r.bytes_verified,
+            bytes_unverified: r.bytes_unverified,
+        }))
     }
 
     async fn list_extents(

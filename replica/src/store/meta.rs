@@ -6,15 +6,24 @@
 //! replica.json        this metadata (JSON, see `Meta`)
 //! layer-<id>.img      one sparse file per layer (the head and every snapshot), named by a
 //!                     layer id that is never reused
+//! layer-<id>.sum      the CRC32C of each 4 KiB block of that layer (see `sums.rs`)
 //! regions.dat         per-region flush bookkeeping (see `regions.rs`)
+//! clean-close         present only between a clean close and the next open (`sums.rs`)
 //! ```
+//!
+//! Format versions: 1 had no checksum files; 2 has one per layer, and a layer whose sums are
+//! not computed yet is marked `unverified`. `open` upgrades a format-1 directory in place
+//! (checksum files created, every layer unverified, format 2 committed) and a background
+//! pass computes the sums; a build that knows only format 1 refuses format 2, which is what
+//! keeps it from writing data without sums into a replica that trusts them.
 //!
 //! Commit point: every change of the chain, the generation or the epoch is one atomic
 //! replacement of `replica.json`: write `replica.json.tmp`, fsync it, rename it over
 //! `replica.json`, fsync the directory. A crash before the rename leaves the old metadata
 //! (and maybe a stray `.tmp` and layer files it does not name, which `open` deletes); a crash
 //! after it leaves the new one. Layer files are created and made durable *before* the
-//! metadata that names them, and deleted only *after* the metadata that stops naming them.
+//! metadata that names them, and deleted only *after* the metadata that stops naming them;
+//! a layer's checksum file is created, and deleted, together with it.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -28,8 +37,10 @@ use crate::error::{ReplicaError, Result};
 pub const META_FILE: &str = "replica.json";
 pub const META_TMP: &str = "replica.json.tmp";
 pub const REGIONS_FILE: &str = "regions.dat";
-/// Version of the directory format; `open` refuses others.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the directory format this build writes (see the module docs).
+pub const FORMAT_VERSION: u32 = 2;
+/// The format before checksum files, which `open` upgrades.
+pub const FORMAT_WITHOUT_SUMS: u32 = 1;
 
 /// Identifies a layer file within one replica. Never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -74,6 +85,11 @@ pub struct LayerMeta {
     /// Created by a rebuild (`begin_layer`) rather than by a snapshot of this replica.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rebuilt: bool,
+    /// Its checksum file does not cover its data yet (an upgraded format-1 replica, or a
+    /// checksum file found missing): reads from it are not verified until a background pass
+    /// has computed the sums (`sums.rs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unverified: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -192,7 +208,14 @@ impl Meta {
             path: path.clone(),
             why: e.to_string(),
         })?;
-        meta.validate(&path)?;
+        if meta.format_version == FORMAT_WITHOUT_SUMS {
+            // Checked as the current format; `open` upgrades it before anything else.
+            let mut as_current = meta.clone();
+            as_current.format_version = FORMAT_VERSION;
+            as_current.validate(&path)?;
+        } else {
+            meta.validate(&path)?;
+        }
         Ok(meta)
     }
 

@@ -31,35 +31,51 @@
 //! side, so they see no write half done. Control operations are serialised by `ops`. The
 //! extent maps sit behind a short-held `RwLock` never held across an await.
 //!
+//! # Checksums
+//!
+//! Every data block of every layer has a CRC32C in the layer's checksum file (`sums.rs`:
+//! layout, commit points, what open does after a crash). Reads check every block they return
+//! from a layer against it and report the blocks that fail ([`Replica::read_verified`]);
+//! `integrity.rs` has the rest: settling after a crash, computing the sums of a replica made
+//! before checksums, scrubbing, and the stored sums that catch-up and rebuilds compare and
+//! carry.
+//!
 //! # Crash safety
 //!
-//! See `meta.rs` (the commit point of every structural change) and `regions.rs` (the
-//! write-ahead dirty-region record and the flush number).
+//! See `meta.rs` (the commit point of every structural change), `regions.rs` (the
+//! write-ahead dirty-region record and the flush number) and `sums.rs` (checksums).
 
 mod extent;
 mod fsops;
+mod integrity;
 mod meta;
 mod regions;
 mod snapshot;
+mod sums;
 
+#[cfg(test)]
+mod integrity_tests;
 #[cfg(test)]
 mod tests;
 
 pub use extent::ExtentMap;
+pub use integrity::{BadBlock, LayerData, ScrubReport};
 pub use meta::LayerId;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
+use zebu_proto::sums::BlockSums;
 
 use crate::error::{ReplicaError, Result};
 use crate::io::{AlignedBuf, CacheMode, DataFile, IoEngine};
 use meta::{LayerMeta, META_FILE, META_TMP, Meta, REGIONS_FILE, layer_path};
 use regions::Regions;
+use sums::{CLEAN_CLOSE, SumFile, id_from_sum_name, sum_path};
 
 /// Block size of the data path; I/O not aligned to it is read-modify-write.
 pub const BLOCK_SIZE: u64 = 4096;
@@ -105,6 +121,30 @@ pub struct ReplicaInfo {
     pub region_count: u64,
     /// Regions written since the last flush.
     pub dirty_regions: Vec<u64>,
+    /// Data bytes in layers whose checksums are not computed yet.
+    pub unverified_bytes: u64,
+    /// Blocks whose checksum was taken from their data when settling after a crash.
+    pub adopted_blocks: u64,
+    /// Blocks found failing their checksum since open.
+    pub corrupt_found: u64,
+}
+
+/// What a read returns: the data, and the blocks of it that failed their checksum.
+#[derive(Debug, Clone)]
+pub struct ReadOutcome {
+    pub data: Bytes,
+    /// Indices of the 4 KiB blocks (counted from the block holding the read's first byte)
+    /// whose data does not match its stored checksum, ascending.
+    pub corrupt: Vec<u32>,
+}
+
+/// One resolved piece of a read: the layer it comes from, and its checksums when they are
+/// to be trusted (`None`: the layer is unverified).
+#[derive(Clone)]
+struct Piece {
+    id: LayerId,
+    file: Arc<DataFile>,
+    sums: Option<Arc<SumFile>>,
 }
 
 /// How a layer written by a rebuild ([`Replica::write_layer`]) is described.
@@ -123,6 +163,10 @@ pub struct LayerSpec {
 struct Chain {
     head: LayerId,
     files: HashMap<LayerId, Arc<DataFile>>,
+    /// Each layer's checksum file.
+    sums: HashMap<LayerId, Arc<SumFile>>,
+    /// Layers whose checksum files do not cover their data yet (`LayerMeta::unverified`).
+    unverified: HashSet<LayerId>,
     /// Position in the head's chain, 0 = oldest. Layers off the chain are absent.
     rank: HashMap<LayerId, usize>,
     head_extents: ExtentMap<()>,
@@ -136,32 +180,40 @@ impl Chain {
         self.files[&self.head].clone()
     }
 
-    /// The pieces of the byte range `bytes` (block aligned) and the file each reads from
-    /// (`None`: zeros). Adjacent pieces from the same file are merged.
-    fn resolve(&self, bytes: Range<u64>) -> Vec<(Range<u64>, Option<Arc<DataFile>>)> {
-        let mut out: Vec<(Range<u64>, Option<Arc<DataFile>>)> = Vec::new();
-        let mut push = |r: Range<u64>, f: Option<Arc<DataFile>>| {
+    fn head_sums(&self) -> Arc<SumFile> {
+        self.sums[&self.head].clone()
+    }
+
+    fn piece(&self, id: LayerId) -> Piece {
+        Piece {
+            id,
+            file: self.files[&id].clone(),
+            sums: (!self.unverified.contains(&id)).then(|| self.sums[&id].clone()),
+        }
+    }
+
+    /// The pieces of the byte range `bytes` (block aligned) and the layer each reads from
+    /// (`None`: zeros). Adjacent pieces from the same layer are merged.
+    fn resolve(&self, bytes: Range<u64>) -> Vec<(Range<u64>, Option<Piece>)> {
+        let mut out: Vec<(Range<u64>, Option<Piece>)> = Vec::new();
+        let mut push = |r: Range<u64>, id: Option<LayerId>| {
             let r = r.start * BLOCK_SIZE..r.end * BLOCK_SIZE;
-            if let Some((last, lf)) = out.last_mut() {
-                let same = match (&*lf, &f) {
-                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                    (None, None) => true,
-                    _ => false,
-                };
-                if same && last.end == r.start {
-                    last.end = r.end;
-                    return;
-                }
+            if let Some((last, lp)) = out.last_mut()
+                && lp.as_ref().map(|p| p.id) == id
+                && last.end == r.start
+            {
+                last.end = r.end;
+                return;
             }
-            out.push((r, f));
+            out.push((r, id.map(|id| self.piece(id))));
         };
         for (piece, in_head) in self.head_extents.segments(blocks(&bytes)) {
             if in_head.is_some() {
-                push(piece, Some(self.files[&self.head].clone()));
+                push(piece, Some(self.head));
                 continue;
             }
             for (sub, layer) in self.below.segments(piece) {
-                push(sub, layer.map(|id| self.files[&id].clone()));
+                push(sub, layer);
             }
         }
         out
@@ -189,6 +241,10 @@ pub struct Replica {
     flush_lock: tokio::sync::Mutex<()>,
     regions: Regions,
     closed: AtomicBool,
+    /// Blocks adopted when settling after a crash (`sums.rs`), until rewritten.
+    adopted: Mutex<BTreeSet<u64>>,
+    adopted_total: AtomicU64,
+    corrupt_found: AtomicU64,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ReplicaError {
@@ -206,13 +262,14 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ReplicaError::io(what.to_string(), std::io::Error::other(e)))?
 }
 
-/// Creates a layer file of `size` bytes (sparse) and makes it durable.
+/// Creates a layer file of `size` bytes (sparse) and its empty checksum file, and makes
+/// both durable.
 fn create_layer_file(
     dir: &Path,
     id: LayerId,
     size: u64,
     cache: CacheMode,
-) -> Result<Arc<DataFile>> {
+) -> Result<(Arc<DataFile>, Arc<SumFile>)> {
     let path = layer_path(dir, id);
     let f = DataFile::open_as(&path, true, cache)
         .map_err(io_err(format!("create {}", path.display())))?;
@@ -220,12 +277,29 @@ fn create_layer_file(
         .set_len(size)
         .and_then(|_| f.file().sync_all())
         .map_err(io_err(format!("size {}", path.display())))?;
-    Ok(Arc::new(f))
+    let sums = create_sum_file(dir, id)?;
+    Ok((Arc::new(f), sums))
+}
+
+/// Creates (or empties) the checksum file of layer `id` and makes it durable.
+fn create_sum_file(dir: &Path, id: LayerId) -> Result<Arc<SumFile>> {
+    let path = sum_path(dir, id);
+    let s = SumFile::open(&path, true).map_err(io_err(format!("create {}", path.display())))?;
+    s.data_file()
+        .file()
+        .set_len(0)
+        .and_then(|_| s.data_file().file().sync_all())
+        .map_err(io_err(format!("sync {}", path.display())))?;
+    Ok(Arc::new(s))
 }
 
 /// Files a half-done `create` may leave; a directory holding only these counts as empty.
 fn is_replica_leftover(name: &str) -> bool {
-    name == META_TMP || name == REGIONS_FILE || LayerId::from_file_name(name).is_some()
+    name == META_TMP
+        || name == REGIONS_FILE
+        || name == CLEAN_CLOSE
+        || LayerId::from_file_name(name).is_some()
+        || id_from_sum_name(name).is_some()
 }
 
 fn random_id() -> String {
@@ -285,6 +359,7 @@ impl Replica {
                     size,
                     incomplete: false,
                     rebuilt: false,
+                    unverified: false,
                 }],
             };
             meta.store(&d) // commit point: the replica exists from here on
@@ -320,49 +395,18 @@ impl Replica {
 
     /// Opens the replica in `dir`, repairing what a crash left half done: files the metadata
     /// does not name are deleted, a head longer than the volume (an interrupted expand) is cut
-    /// back.
+    /// back, a format-1 directory gets checksum files (`sums.rs`), and after an unclean stop
+    /// the checksums of regions written since the last flush are settled.
     pub async fn open(dir: &Path, io: IoEngine) -> Result<Arc<Replica>> {
         let d = dir.to_owned();
-        let cache = io.cache();
-        let (meta, chain, regions) = blocking("open replica", move || {
-            if !d.join(META_FILE).exists() {
-                return Err(ReplicaError::NotAReplica { dir: d.clone(), why: format!("no {META_FILE}") });
-            }
-            let meta = Meta::load(&d)?;
-            let mut removed = false;
-            for e in std::fs::read_dir(&d).map_err(io_err(format!("list {}", d.display())))? {
-                let e = e.map_err(io_err(format!("list {}", d.display())))?;
-                let name = e.file_name().to_string_lossy().into_owned();
-                let stray = name == META_TMP
-                    || LayerId::from_file_name(&name).is_some_and(|id| meta.layer(id).is_none());
-                if stray {
-                    tracing::info!(file = %name, "removing a file left by an interrupted operation");
-                    std::fs::remove_file(e.path()).map_err(io_err(format!("remove {name}")))?;
-                    removed = true;
-                }
-            }
-            if removed {
-                meta::sync_dir(&d)?;
-            }
-            let mut files = HashMap::new();
-            for l in &meta.layers {
-                let path = layer_path(&d, l.id);
-                if !path.exists() {
-                    return Err(ReplicaError::Corrupt { path, why: format!("{} is missing", l.id) });
-                }
-                let f = DataFile::open_as(&path, false, cache).map_err(io_err(format!("open {}", path.display())))?;
-                files.insert(l.id, Arc::new(f));
-            }
-            let head = &files[&meta.head];
-            let len = head.file().metadata().map_err(io_err("stat head"))?.len();
-            if len != meta.size {
-                head.file().set_len(meta.size).map_err(io_err("resize head"))?;
-            }
-            let regions = Regions::open(&d.join(REGIONS_FILE), meta.size, meta.region_size)?;
-            let chain = build_chain(&meta, files)?;
-            Ok((meta, chain, regions))
-        })
-        .await?;
+        let (cache, checksums) = (io.cache(), io.checksums());
+        let opened = blocking("open replica", move || open_files(&d, cache, checksums)).await?;
+        let Opened {
+            meta,
+            chain,
+            regions,
+            clean,
+        } = opened;
         tracing::info!(
             dir = %dir.display(),
             size = meta.size,
@@ -370,10 +414,12 @@ impl Replica {
             head_extents = chain.head_extents.len(),
             below_extents = chain.below.len(),
             flushed = regions.flushed(),
+            clean,
             backend = %io.backend(),
             "replica opened"
         );
-        Ok(Arc::new(Replica {
+        let unverified = !chain.unverified.is_empty();
+        let replica = Arc::new(Replica {
             dir: dir.to_owned(),
             io,
             size: AtomicU64::new(meta.size),
@@ -384,7 +430,21 @@ impl Replica {
             flush_lock: tokio::sync::Mutex::new(()),
             regions,
             closed: AtomicBool::new(false),
-        }))
+            adopted: Mutex::new(BTreeSet::new()),
+            adopted_total: AtomicU64::new(0),
+            corrupt_found: AtomicU64::new(0),
+        });
+        if !checksums {
+            tracing::warn!(dir = %dir.display(), "checksums are off: nothing read is verified, and every layer's checksums are computed anew when they are on again");
+        } else {
+            if !clean {
+                replica.settle().await?;
+            }
+            if unverified {
+                replica.spawn_sum_builder();
+            }
+        }
+        Ok(replica)
     }
 
     pub fn size(&self) -> u64 {
@@ -442,47 +502,97 @@ impl Replica {
     }
 
     /// Reads `len` bytes at `offset`, resolved through the chain (zeros where no layer has
-    /// data). Any alignment; `len` > 0 and within the volume.
+    /// data). Any alignment; `len` > 0 and within the volume. A block that fails its checksum
+    /// makes this [`ReplicaError::ChecksumMismatch`]; [`Replica::read_verified`] returns the
+    /// data and the list instead.
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes> {
-        self.check_io(offset, len, true)?;
-        let _g = self.gate.read().await;
-        self.check_open()?;
-        let start = offset / BLOCK_SIZE * BLOCK_SIZE;
-        let end = (offset + len).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
-        let data = self.read_aligned(start..end).await?;
-        if start == offset && end == offset + len {
-            Ok(data)
-        } else {
-            Ok(data.slice((offset - start) as usize..(offset - start + len) as usize))
+        let got = self.read_verified(offset, len).await?;
+        if got.corrupt.is_empty() {
+            return Ok(got.data);
         }
+        let first = offset / BLOCK_SIZE * BLOCK_SIZE;
+        Err(ReplicaError::ChecksumMismatch {
+            offset,
+            length: len,
+            blocks: got
+                .corrupt
+                .iter()
+                .map(|&i| first + u64::from(i) * BLOCK_SIZE)
+                .collect(),
+        })
     }
 
-    /// Reads a block-aligned byte range through the chain. The caller holds the gate.
-    async fn read_aligned(&self, range: Range<u64>) -> Result<Bytes> {
+    /// Reads as [`Replica::read`] does and checks every block against its stored checksum,
+    /// returning the data and the blocks that fail.
+    ///
+    /// A write runs its checksum and its data as two writes, so a read between them sees one
+    /// without the other: a block that fails is read again with the exclusive gate (no write
+    /// in flight), and only a block that still fails is reported.
+    pub async fn read_verified(&self, offset: u64, len: u64) -> Result<ReadOutcome> {
+        self.check_io(offset, len, true)?;
+        let start = offset / BLOCK_SIZE * BLOCK_SIZE;
+        let end = (offset + len).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+        let mut got = {
+            let _g = self.gate.read().await;
+            self.check_open()?;
+            self.read_aligned(start..end).await?
+        };
+        if !got.corrupt.is_empty() {
+            let _g = self.gate.write().await;
+            self.check_open()?;
+            got = self.read_aligned(start..end).await?;
+            if !got.corrupt.is_empty() {
+                self.corrupt_found
+                    .fetch_add(got.corrupt.len() as u64, Ordering::Relaxed);
+                tracing::warn!(
+                    dir = %self.dir.display(),
+                    offset = start,
+                    blocks = ?got.corrupt.iter().map(|&i| start + u64::from(i) * BLOCK_SIZE).collect::<Vec<_>>(),
+                    "blocks fail their checksum"
+                );
+            }
+        }
+        if start != offset || end != offset + len {
+            let at = (offset - start) as usize;
+            got.data = got.data.slice(at..at + len as usize);
+        }
+        Ok(got)
+    }
+
+    /// Reads a block-aligned byte range through the chain and checks it. The caller holds the
+    /// gate.
+    async fn read_aligned(&self, range: Range<u64>) -> Result<ReadOutcome> {
         let pieces = self.chain().resolve(range.clone());
         let len = (range.end - range.start) as usize;
         if let [(_, only)] = pieces.as_slice() {
             return match only {
                 // A hole: shared static zeros, which the frames server sends as a flag.
-                None => Ok(zebu_proto::frames::zeros(len)),
-                Some(f) => {
+                None => Ok(ReadOutcome {
+                    data: zebu_proto::frames::zeros(len),
+                    corrupt: Vec::new(),
+                }),
+                Some(p) => {
                     let buf = self
                         .io
-                        .read_at(f, range.start, AlignedBuf::for_overwrite(len))
+                        .read_at(&p.file, range.start, AlignedBuf::for_overwrite(len))
                         .await
                         .map_err(io_err(format!("read {len} bytes at {}", range.start)))?;
-                    Ok(buf.into_bytes())
+                    let corrupt = self.check_piece(p, range.start, &buf).await?;
+                    Ok(ReadOutcome {
+                        data: buf.into_bytes(),
+                        corrupt,
+                    })
                 }
             };
         }
-        let reads = pieces.iter().filter_map(|(r, f)| {
-            let f = f.clone()?;
+        let reads = pieces.iter().filter_map(|(r, p)| {
+            let p = p.clone()?;
             let r = r.clone();
             Some(async move {
                 let buf = self
                     .io
                     .read_at(
-                        &f,
+                        &p.file,
                         r.start,
                         AlignedBuf::for_overwrite((r.end - r.start) as usize),
                     )
@@ -492,26 +602,79 @@ impl Replica {
                         r.end - r.start,
                         r.start
                     )))?;
-                Ok::<_, ReplicaError>((r, buf))
+                let corrupt = self.check_piece(&p, r.start, &buf).await?;
+                Ok::<_, ReplicaError>((r, buf, corrupt))
             })
         });
         let mut out = AlignedBuf::zeroed(len);
-        for (r, buf) in futures::future::try_join_all(reads).await? {
+        let mut corrupt = Vec::new();
+        for (r, buf, bad) in futures::future::try_join_all(reads).await? {
             let at = (r.start - range.start) as usize;
             out[at..at + buf.len()].copy_from_slice(&buf);
+            let base = ((r.start - range.start) / BLOCK_SIZE) as u32;
+            corrupt.extend(bad.into_iter().map(|i| base + i));
         }
-        Ok(out.into_bytes())
+        corrupt.sort_unstable();
+        Ok(ReadOutcome {
+            data: out.into_bytes(),
+            corrupt,
+        })
+    }
+
+    /// The blocks of `data` (read from piece `p` at `offset`) that fail their stored
+    /// checksums, counted from `offset`; none when the layer is unverified.
+    async fn check_piece(&self, p: &Piece, offset: u64, data: &[u8]) -> Result<Vec<u32>> {
+        let Some(sums) = &p.sums else {
+            return Ok(Vec::new());
+        };
+        let stored = self
+            .read_sums(sums, offset / BLOCK_SIZE, data.len() / BLOCK_SIZE as usize)
+            .await?;
+        Ok(stored.mismatches(data))
+    }
+
+    /// The stored checksums of `count` blocks from block `first`: inline from the page cache
+    /// when they are there (nearly always: the file is small and hot), else on a blocking
+    /// thread.
+    async fn read_sums(&self, f: &Arc<SumFile>, first: u64, count: usize) -> Result<BlockSums> {
+        if let Some(s) = f.read_cached(first, count) {
+            return Ok(s);
+        }
+        let f = f.clone();
+        blocking("read checksums", move || {
+            f.read_blocking(first, count)
+                .map_err(io_err(format!("read {count} checksums at block {first}")))
+        })
+        .await
     }
 
     /// Writes `data` at `offset` into the head. Any alignment; unaligned is read-modify-write.
+    /// The replica computes the checksums.
     pub async fn write(&self, offset: u64, data: Bytes) -> Result<()> {
+        self.write_with_sums(offset, data, None).await
+    }
+
+    /// Writes `data` at `offset` into the head, with the CRC32C of each of its 4 KiB blocks
+    /// as the sender computed them (`None`, or sums that do not cover the data exactly: the
+    /// replica computes them). Stored as given, not checked here: a payload damaged on the
+    /// way fails its sum on the next read, where another replica's copy can replace it.
+    ///
+    /// Unaligned writes are read-modify-write of the edge blocks, which must pass their
+    /// checksums: a failing one makes the write [`ReplicaError::ChecksumMismatch`] with
+    /// nothing written, so bad bytes are never blessed with a fresh checksum.
+    pub async fn write_with_sums(
+        &self,
+        offset: u64,
+        data: Bytes,
+        sums: Option<BlockSums>,
+    ) -> Result<()> {
         let len = data.len() as u64;
         self.check_io(offset, len, true)?;
         if offset.is_multiple_of(BLOCK_SIZE) && len.is_multiple_of(BLOCK_SIZE) {
             let _g = self.gate.read().await;
             self.check_open()?;
             // No copy when `data` is already aligned in memory (`write_bytes_at`).
-            return self.write_aligned(offset, data).await;
+            return self.write_aligned(offset, data, sums).await;
         }
         // Read-modify-write of the edge blocks: exclusive, so no other write to those blocks
         // can interleave between the read and the write.
@@ -520,29 +683,65 @@ impl Replica {
         let start = offset / BLOCK_SIZE * BLOCK_SIZE;
         let end = (offset + len).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
         let old = self.read_aligned(start..end).await?;
-        let mut buf = AlignedBuf::copy_from(&old);
+        let first = ((offset - start) / BLOCK_SIZE) as u32;
+        let last = ((offset + len - 1 - start) / BLOCK_SIZE) as u32;
+        // Only the edge blocks keep old bytes; the ones in between are replaced whole.
+        let edges: Vec<u64> = old
+            .corrupt
+            .iter()
+            .filter(|&&i| {
+                (i == first && !offset.is_multiple_of(BLOCK_SIZE))
+                    || (i == last && !(offset + len).is_multiple_of(BLOCK_SIZE))
+            })
+            .map(|&i| start + u64::from(i) * BLOCK_SIZE)
+            .collect();
+        if !edges.is_empty() {
+            return Err(ReplicaError::ChecksumMismatch {
+                offset,
+                length: len,
+                blocks: edges,
+            });
+        }
+        let mut buf = AlignedBuf::copy_from(&old.data);
         let at = (offset - start) as usize;
         buf[at..at + data.len()].copy_from_slice(&data);
-        self.write_aligned(start, buf.into_bytes()).await
+        self.write_aligned(start, buf.into_bytes(), None).await
     }
 
-    /// Writes block-aligned data (offset and length; its memory need not be) to the head.
-    /// The caller holds the gate.
-    async fn write_aligned(&self, offset: u64, data: Bytes) -> Result<()> {
+    /// Writes block-aligned data (offset and length; its memory need not be) to the head,
+    /// then its checksums (`sums.rs`: why in that order). The caller holds the gate.
+    async fn write_aligned(&self, offset: u64, data: Bytes, sums: Option<BlockSums>) -> Result<()> {
         let range = offset..offset + data.len() as u64;
+        let sums = match sums {
+            Some(s) if s.len() as u64 * BLOCK_SIZE == data.len() as u64 => s,
+            _ if !self.io.checksums() => BlockSums::default(),
+            _ => BlockSums::of(&data).expect("invariant: aligned writes are whole blocks"),
+        };
         let _ticket = self.regions.begin_write(range.clone()).await?;
-        let head = self.chain().head_file();
+        let (head, head_sums) = {
+            let c = self.chain();
+            (c.head_file(), c.head_sums())
+        };
         let len = data.len();
         self.io
             .write_bytes_at(&head, offset, data)
             .await
             .map_err(io_err(format!("write {len} bytes at {offset}")))?;
+        if self.io.checksums() {
+            head_sums
+                .write(offset / BLOCK_SIZE, &sums)
+                .map_err(io_err(format!(
+                    "write {} checksums at {offset}",
+                    sums.len()
+                )))?;
+        }
         // An overwrite of blocks the head already holds changes nothing in the index; the
         // check under the shared lock spares the exclusive one (and the map's churn) then.
         let blocks = blocks(&range);
         if !self.chain().head_extents.holds(blocks.clone(), ()) {
             self.chain_mut().head_extents.insert(blocks, ());
         }
+        self.forget_adopted(range);
         Ok(())
     }
 
@@ -595,10 +794,15 @@ impl Replica {
     /// Unmaps a block-aligned range of the head. The caller holds the gate.
     async fn unmap_aligned(&self, range: Range<u64>) -> Result<()> {
         let _ticket = self.regions.begin_write(range.clone()).await?;
-        let (head, pieces) = {
+        let (head, head_sums, pieces) = {
             let c = self.chain();
-            (c.head_file(), c.below.segments(blocks(&range)))
+            (
+                c.head_file(),
+                c.head_sums(),
+                c.below.segments(blocks(&range)),
+            )
         };
+        self.forget_adopted(range.clone());
         for (piece, under) in pieces {
             let bytes = to_bytes(piece.clone());
             if under.is_some() {
@@ -610,6 +814,13 @@ impl Replica {
                     if (zeros.len() as u64) != n {
                         zeros = AlignedBuf::zeroed(n as usize);
                     }
+                    let sums = BlockSums::from_crcs(std::iter::repeat_n(
+                        zebu_proto::sums::ZERO_BLOCK_CRC,
+                        (n / BLOCK_SIZE) as usize,
+                    ));
+                    head_sums
+                        .write(at / BLOCK_SIZE, &sums)
+                        .map_err(io_err(format!("write checksums of zeros at {at}")))?;
                     zeros = self
                         .io
                         .write_at(&head, at, zeros)
@@ -638,13 +849,21 @@ impl Replica {
         self.check_open()?;
         let _f = self.flush_lock.lock().await;
         let n = self.regions.start_flush(flush_number).await?;
-        let head = self.chain().head_file();
-        self.io
-            .sync(&head)
-            .await
-            .map_err(io_err("fdatasync head"))?;
+        self.sync_head().await?;
         self.regions.complete_flush(n).await?;
         Ok(n)
+    }
+
+    /// fdatasyncs the head and its checksum file, in parallel (one journal commit can carry
+    /// both). Every write completed before this is durable, data and sums, when it returns.
+    async fn sync_head(&self) -> Result<()> {
+        let (head, sums) = {
+            let c = self.chain();
+            (c.head_file(), c.head_sums())
+        };
+        let (data, sums) = tokio::join!(self.io.sync(&head), self.io.sync(sums.data_file()));
+        data.map_err(io_err("fdatasync head"))?;
+        sums.map_err(io_err("fdatasync the head's checksums"))
     }
 
     /// Accepts an engine's generation: an error if lower than the highest accepted; a higher
@@ -749,6 +968,20 @@ impl Replica {
             region_size: self.regions.region_size(),
             region_count: self.regions.region_count(),
             dirty_regions: self.regions.dirty(),
+            unverified_bytes: meta
+                .layers
+                .iter()
+                .filter(|l| l.unverified)
+                .map(|l| {
+                    if l.id == meta.head {
+                        chain.head_extents.covered() * BLOCK_SIZE
+                    } else {
+                        chain.data_bytes.get(&l.id).copied().unwrap_or(0)
+                    }
+                })
+                .sum(),
+            adopted_blocks: self.adopted_total.load(Ordering::Relaxed),
+            corrupt_found: self.corrupt_found.load(Ordering::Relaxed),
         }
     }
 
@@ -756,29 +989,6 @@ impl Replica {
     /// replica that stopped after flush `flush` may lack.
     pub fn regions_written_since(&self, flush: u64) -> Vec<u64> {
         self.regions.written_since(flush)
-    }
-
-    /// CRC32C of every `block`-byte piece of `offset..offset+len` as the volume reads.
-    /// Catch-up compares these to copy only the blocks that differ.
-    pub async fn checksums(&self, offset: u64, len: u64, block: u64) -> Result<Vec<u32>> {
-        let block = if block == 0 { BLOCK_SIZE } else { block };
-        if !block.is_multiple_of(BLOCK_SIZE)
-            || !offset.is_multiple_of(block)
-            || !len.is_multiple_of(block)
-        {
-            return Err(ReplicaError::Invalid(format!(
-                "checksum range {offset}+{len} must be aligned to the checksum block {block}, a multiple of {BLOCK_SIZE}"
-            )));
-        }
-        let mut out = Vec::with_capacity((len / block) as usize);
-        let mut at = offset;
-        while at < offset + len {
-            let n = CHUNK.max(block).min(offset + len - at);
-            let data = self.read(at, n).await?;
-            out.extend(data.chunks(block as usize).map(crc32c::crc32c));
-            at += n;
-        }
-        Ok(out)
     }
 
     /// Memory held by the extent indexes, in extents (for benchmarks and logs).
@@ -793,18 +1003,136 @@ impl Replica {
             return Ok(());
         }
         let _g = self.gate.write().await;
-        let head = self.chain().head_file();
-        self.io
-            .sync(&head)
-            .await
-            .map_err(io_err("fdatasync head"))?;
+        self.sync_head().await?;
+        // Every sum matches its data now: the next open need not settle (`sums.rs`).
+        let dir = self.dir.clone();
+        blocking("mark the close clean", move || {
+            let path = dir.join(CLEAN_CLOSE);
+            std::fs::File::create(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(io_err(format!("create {}", path.display())))?;
+            meta::sync_dir(&dir)
+        })
+        .await?;
         tracing::info!(dir = %self.dir.display(), "replica closed");
         Ok(())
     }
 }
 
+/// What [`open_files`] found.
+struct Opened {
+    meta: Meta,
+    chain: Chain,
+    regions: Regions,
+    /// The last close was clean: every checksum matches its data.
+    clean: bool,
+}
+
+/// The blocking part of [`Replica::open`]: loads and repairs the directory, opens every file.
+fn open_files(d: &Path, cache: CacheMode, checksums: bool) -> Result<Opened> {
+    if !d.join(META_FILE).exists() {
+        return Err(ReplicaError::NotAReplica {
+            dir: d.to_owned(),
+            why: format!("no {META_FILE}"),
+        });
+    }
+    let mut meta = Meta::load(d)?;
+    let mut removed = false;
+    for e in std::fs::read_dir(d).map_err(io_err(format!("list {}", d.display())))? {
+        let e = e.map_err(io_err(format!("list {}", d.display())))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let stray = name == META_TMP
+            || LayerId::from_file_name(&name).is_some_and(|id| meta.layer(id).is_none())
+            || id_from_sum_name(&name).is_some_and(|id| meta.layer(id).is_none());
+        if stray {
+            tracing::info!(file = %name, "removing a file left by an interrupted operation");
+            std::fs::remove_file(e.path()).map_err(io_err(format!("remove {name}")))?;
+            removed = true;
+        }
+    }
+    // Removed before anything is served, so a crash after serving settles next time.
+    let clean = d.join(CLEAN_CLOSE).exists();
+    if clean {
+        std::fs::remove_file(d.join(CLEAN_CLOSE))
+            .map_err(io_err(format!("remove {CLEAN_CLOSE}")))?;
+        removed = true;
+    }
+    if removed {
+        meta::sync_dir(d)?;
+    }
+    let upgrade = meta.format_version == meta::FORMAT_WITHOUT_SUMS;
+    let mut changed = upgrade;
+    let mut files = HashMap::new();
+    let mut sums = HashMap::new();
+    for l in &mut meta.layers {
+        let path = layer_path(d, l.id);
+        if !path.exists() {
+            return Err(ReplicaError::Corrupt {
+                path,
+                why: format!("{} is missing", l.id),
+            });
+        }
+        let f = DataFile::open_as(&path, false, cache)
+            .map_err(io_err(format!("open {}", path.display())))?;
+        files.insert(l.id, Arc::new(f));
+        let spath = sum_path(d, l.id);
+        let had_sums = spath.exists();
+        let s = if !upgrade && had_sums {
+            Arc::new(
+                SumFile::open(&spath, false)
+                    .map_err(io_err(format!("open {}", spath.display())))?,
+            )
+        } else {
+            if !upgrade && !l.unverified {
+                tracing::warn!(
+                    layer = l.id.0,
+                    "the checksum file of {} is missing: its checksums are computed again, and its reads are not verified until then",
+                    l.id
+                );
+            }
+            create_sum_file(d, l.id)?
+        };
+        sums.insert(l.id, s);
+        // A layer whose checksum file was just made does not have its sums; without
+        // checksums no layer's sums are kept from here on (`IoConfig::checksums`).
+        if (upgrade || !had_sums || !checksums) && !l.unverified {
+            l.unverified = true;
+            changed = true;
+        }
+    }
+    if changed {
+        if upgrade {
+            tracing::info!(dir = %d.display(), "upgrading a replica made before checksums: its checksums are computed in the background");
+        }
+        meta.format_version = meta::FORMAT_VERSION;
+        meta.validate(&d.join(META_FILE))?;
+        // Commit point: from here on every layer not marked unverified has a checksum file
+        // that covers its data.
+        meta.store(d)?;
+    }
+    let head = &files[&meta.head];
+    let len = head.file().metadata().map_err(io_err("stat head"))?.len();
+    if len != meta.size {
+        head.file()
+            .set_len(meta.size)
+            .map_err(io_err("resize head"))?;
+    }
+    let regions = Regions::open(&d.join(REGIONS_FILE), meta.size, meta.region_size)?;
+    let chain = build_chain(&meta, files, sums)?;
+    Ok(Opened {
+        meta,
+        chain,
+        regions,
+        clean,
+    })
+}
+
 /// Builds the in-memory chain from the metadata and open layer files (scans extents).
-fn build_chain(meta: &Meta, files: HashMap<LayerId, Arc<DataFile>>) -> Result<Chain> {
+fn build_chain(
+    meta: &Meta,
+    files: HashMap<LayerId, Arc<DataFile>>,
+    sums: HashMap<LayerId, Arc<SumFile>>,
+) -> Result<Chain> {
     let head_extents =
         scan(&files[&meta.head], meta.size)?
             .into_iter()
@@ -816,6 +1144,13 @@ fn build_chain(meta: &Meta, files: HashMap<LayerId, Arc<DataFile>>) -> Result<Ch
     Ok(Chain {
         head: meta.head,
         files,
+        sums,
+        unverified: meta
+            .layers
+            .iter()
+            .filter(|l| l.unverified)
+            .map(|l| l.id)
+            .collect(),
         rank: below.rank,
         head_extents,
         below: below.below,

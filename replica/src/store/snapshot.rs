@@ -3,8 +3,8 @@
 //!
 //! Every operation here holds `ops`, changes files first and commits with one metadata
 //! write (see `meta.rs`), so a crash leaves it either done or not done:
-//! - create: fsync the old head, create the new head file, commit. Undone: the new file is
-//!   a stray that `open` deletes.
+//! - create: fsync the old head and its checksums, create the new head file, commit.
+//!   Undone: the new file is a stray that `open` deletes.
 //! - delete (merge S into its child C): copy S's data into C where C has none, fsync C,
 //!   commit (C's parent becomes S's parent), delete S's file. A crash before the commit
 //!   leaves S in place and C holding some of S's blocks, which read the same through either
@@ -18,12 +18,32 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::meta::{LayerMeta, now_rfc3339};
+use zebu_proto::sums::BlockSums;
+
 use super::{
     BLOCK_SIZE, CHUNK, ExtentMap, LayerId, LayerSpec, Replica, blocking, blocks, create_layer_file,
     fsops, index_below, io_err,
 };
 use crate::error::{ReplicaError, Result};
 use crate::io::{AlignedBuf, DataFile};
+
+/// Deletes a layer's data and checksum files (after the metadata stopped naming it).
+async fn remove_layer_files(dir: &std::path::Path, id: LayerId) -> Result<()> {
+    let paths = [super::layer_path(dir, id), super::sum_path(dir, id)];
+    blocking("remove layer files", move || {
+        for path in &paths {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                // A checksum file that was never made (a layer of format 1, removed before
+                // its upgrade) is not an error.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(ReplicaError::io(format!("remove {}", path.display()), e)),
+            }
+        }
+        Ok(())
+    })
+    .await
+}
 
 /// Snapshot names end up in logs, file listings and URLs: keep them plain.
 fn validate_name(name: &str) -> Result<()> {
@@ -56,18 +76,13 @@ impl Replica {
             return Err(ReplicaError::SnapshotExists(name.to_string()));
         }
         let _g = self.gate.write().await;
-        let (old_head, old_file) = {
-            let c = self.chain();
-            (c.head, c.head_file())
-        };
-        self.io
-            .sync(&old_file)
-            .await
-            .map_err(io_err("fdatasync head"))?;
+        let old_head = self.chain().head;
+        // The frozen layer's checksums are durable from the moment it exists (`sums.rs`).
+        self.sync_head().await?;
         let size = self.size();
         let (dir, new_id) = (self.dir.clone(), LayerId(self.meta().next_layer_id + 1));
         let cache = self.io.cache();
-        let new_file = blocking("create head", move || {
+        let (new_file, new_sums) = blocking("create head", move || {
             create_layer_file(&dir, new_id, size, cache)
         })
         .await?;
@@ -91,6 +106,7 @@ impl Replica {
                 size,
                 incomplete: false,
                 rebuilt: false,
+                unverified: false,
             });
             m.head = id;
             Ok(())
@@ -103,6 +119,7 @@ impl Replica {
         }
         c.data_bytes.insert(old_head, frozen.covered() * BLOCK_SIZE);
         c.files.insert(new_id, new_file);
+        c.sums.insert(new_id, new_sums);
         c.head = new_id;
         let n = c.rank.len();
         c.rank.insert(new_id, n);
@@ -144,12 +161,13 @@ impl Replica {
         })
         .await?;
         self.rebuild_index().await?;
-        let path = super::layer_path(&self.dir, s.id);
-        self.chain_mut().files.remove(&s.id);
-        blocking("remove snapshot file", move || {
-            std::fs::remove_file(&path).map_err(io_err(format!("remove {}", path.display())))
-        })
-        .await?;
+        {
+            let mut c = self.chain_mut();
+            c.files.remove(&s.id);
+            c.sums.remove(&s.id);
+            c.unverified.remove(&s.id);
+        }
+        remove_layer_files(&self.dir, s.id).await?;
         tracing::info!(snapshot = %name, "snapshot deleted");
         Ok(())
     }
@@ -157,14 +175,12 @@ impl Replica {
     /// Copies the data of snapshot `s` into `child` wherever `child` has none, then makes
     /// `child` durable.
     async fn merge(&self, s: &LayerMeta, child: LayerId) -> Result<()> {
-        let (s_file, c_file, into_head) = {
+        let (from, to, into_head) = {
             let c = self.chain();
-            (
-                c.files[&s.id].clone(),
-                c.files[&child].clone(),
-                child == c.head,
-            )
+            (c.piece(s.id), c.piece(child), child == c.head)
         };
+        let to_sums = self.chain().sums[&child].clone();
+        let (s_file, c_file) = (from.file.clone(), to.file.clone());
         let sf = s_file.clone();
         let extents = blocking("scan snapshot", move || super::scan(&sf, u64::MAX)).await?;
         let mut child_has: ExtentMap<()> = if into_head {
@@ -183,11 +199,13 @@ impl Replica {
                 let chunk = at..(at + CHUNK).min(ext.end);
                 at = chunk.end;
                 // Into the head: exclusive gate per chunk, so no write lands between the check
-                // and the copy; I/O waits for one chunk at most.
+                // and the copy; I/O waits for one chunk at most. Elsewhere the shared gate, so a
+                // read that finds a block failing its checksum and looks again with the
+                // exclusive gate sees no copy half done.
                 let _g = if into_head {
-                    Some(self.gate.write().await)
+                    Ok(self.gate.write().await)
                 } else {
-                    None
+                    Err(self.gate.read().await)
                 };
                 self.check_open()?;
                 let gaps: Vec<Range<u64>> = {
@@ -205,7 +223,7 @@ impl Replica {
                 };
                 for gap in gaps {
                     let bytes = super::to_bytes(gap.clone());
-                    self.copy_range(&s_file, &c_file, bytes).await?;
+                    self.copy_range(&from, &c_file, &to_sums, bytes).await?;
                     if into_head {
                         self.chain_mut().head_extents.insert(gap, ());
                     } else {
@@ -214,25 +232,41 @@ impl Replica {
                 }
             }
         }
-        self.io
-            .sync(&c_file)
-            .await
-            .map_err(io_err("fdatasync merge target"))
+        let (data, sums) = tokio::join!(self.io.sync(&c_file), self.io.sync(to_sums.data_file()));
+        data.map_err(io_err("fdatasync merge target"))?;
+        sums.map_err(io_err("fdatasync the merge target's checksums"))
     }
 
+    /// Copies `r` of layer `from` into `to`, checksums first (`sums.rs`): `from`'s stored
+    /// sums when it has them, so a block that fails its checksum stays detectably bad in its
+    /// new layer; computed from the data when `from` is unverified.
     async fn copy_range(
         &self,
-        from: &Arc<DataFile>,
+        from: &super::Piece,
         to: &Arc<DataFile>,
+        to_sums: &Arc<super::SumFile>,
         r: Range<u64>,
     ) -> Result<()> {
         let len = (r.end - r.start) as usize;
         let buf = self
             .io
-            .read_at(from, r.start, AlignedBuf::for_overwrite(len))
+            .read_at(&from.file, r.start, AlignedBuf::for_overwrite(len))
             .await
             .map_err(io_err(format!(
                 "read {len} bytes at {} for a merge",
+                r.start
+            )))?;
+        let sums = match &from.sums {
+            Some(f) => {
+                self.read_sums(f, r.start / BLOCK_SIZE, len / BLOCK_SIZE as usize)
+                    .await?
+            }
+            None => BlockSums::of(&buf).expect("invariant: merges copy whole blocks"),
+        };
+        to_sums
+            .write(r.start / BLOCK_SIZE, &sums)
+            .map_err(io_err(format!(
+                "write checksums at {} for a merge",
                 r.start
             )))?;
         self.io
@@ -279,7 +313,7 @@ impl Replica {
         let old_head = self.chain().head;
         let (dir, new_id) = (self.dir.clone(), LayerId(self.meta().next_layer_id + 1));
         let cache = self.io.cache();
-        let new_file = blocking("create head", move || {
+        let (new_file, new_sums) = blocking("create head", move || {
             create_layer_file(&dir, new_id, size, cache)
         })
         .await?;
@@ -296,6 +330,7 @@ impl Replica {
                 size,
                 incomplete: false,
                 rebuilt: false,
+                unverified: false,
             });
             m.head = id;
             Ok(())
@@ -305,16 +340,15 @@ impl Replica {
             // The gate is held: no write is in flight, so the head can be swapped here.
             let mut c = self.chain_mut();
             c.files.insert(new_id, new_file);
+            c.sums.insert(new_id, new_sums);
             c.files.remove(&old_head);
+            c.sums.remove(&old_head);
+            c.unverified.remove(&old_head);
             c.head = new_id;
             c.head_extents = ExtentMap::new();
         }
         self.rebuild_index().await?;
-        let path = super::layer_path(&self.dir, old_head);
-        blocking("remove old head", move || {
-            std::fs::remove_file(&path).map_err(io_err(format!("remove {}", path.display())))
-        })
-        .await?;
+        remove_layer_files(&self.dir, old_head).await?;
         tracing::info!(snapshot = %name, "reverted");
         Ok(())
     }
@@ -372,7 +406,7 @@ impl Replica {
         Ok(())
     }
 
-    fn layer_id(&self, layer: Option<&str>) -> Result<LayerId> {
+    pub(super) fn layer_id(&self, layer: Option<&str>) -> Result<LayerId> {
         match layer {
             None | Some("") => Ok(self.meta().head),
             Some(n) => self
@@ -410,21 +444,6 @@ impl Replica {
                 .map_err(io_err("scan layer extents"))
         })
         .await
-    }
-
-    /// Raw bytes of one layer (zeros in its holes), not resolved through the chain.
-    /// `offset` and `len` must be block aligned.
-    pub async fn read_layer(&self, layer: Option<&str>, offset: u64, len: u64) -> Result<Bytes> {
-        self.check_open()?;
-        check_aligned(offset, len)?;
-        let id = self.layer_id(layer)?;
-        let file = self.chain().files[&id].clone();
-        let buf = self
-            .io
-            .read_at(&file, offset, AlignedBuf::for_overwrite(len as usize))
-            .await
-            .map_err(io_err(format!("read {len} bytes of {id} at {offset}")))?;
-        Ok(buf.into_bytes())
     }
 
     /// Ensures the snapshot layer described by `spec` exists (see `WriteLayerRequest` in the
@@ -474,7 +493,7 @@ impl Replica {
         };
         let (dir, id) = (self.dir.clone(), LayerId(self.meta().next_layer_id + 1));
         let cache = self.io.cache();
-        let file = blocking("create layer", move || {
+        let (file, sums) = blocking("create layer", move || {
             create_layer_file(&dir, id, size, cache)
         })
         .await?;
@@ -496,19 +515,63 @@ impl Replica {
                 size,
                 incomplete: true,
                 rebuilt: true,
+                unverified: false,
             });
             Ok(())
         })
         .await?;
-        self.chain_mut().files.insert(id, file);
+        {
+            let mut c = self.chain_mut();
+            c.files.insert(id, file);
+            c.sums.insert(id, sums);
+        }
         // Ranks shift: the new layer sits below `child`. It holds no data yet.
         self.rebuild_index().await
     }
 
-    /// Writes rebuild data into snapshot `name` (created by `begin_layer`).
-    pub async fn write_layer(&self, name: &str, offset: u64, data: Bytes) -> Result<()> {
+    /// Writes rebuild (or repair) data into snapshot `name` (created by `begin_layer`), with
+    /// the checksums the source stores for it (`sums`: none, the target computes them).
+    /// Every block not listed in `corrupt` (blocks that failed their checksum on the source,
+    /// copied as they are) must match its sum: a copy damaged on the way is refused with
+    /// nothing written.
+    pub async fn write_layer(
+        &self,
+        name: &str,
+        offset: u64,
+        data: Bytes,
+        sums: Option<BlockSums>,
+        corrupt: &[u32],
+    ) -> Result<()> {
         check_aligned(offset, data.len() as u64)?;
+        let sums = match sums {
+            None => BlockSums::of(&data).expect("invariant: aligned and not empty"),
+            Some(s) => {
+                if s.len() as u64 * BLOCK_SIZE != data.len() as u64 {
+                    return Err(ReplicaError::Invalid(format!(
+                        "{} checksums for {} bytes of layer data at {offset}",
+                        s.len(),
+                        data.len()
+                    )));
+                }
+                let damaged: Vec<u64> = s
+                    .mismatches(&data)
+                    .into_iter()
+                    .filter(|i| !corrupt.contains(i))
+                    .map(|i| offset + u64::from(i) * BLOCK_SIZE)
+                    .collect();
+                if !damaged.is_empty() {
+                    return Err(ReplicaError::ChecksumMismatch {
+                        offset,
+                        length: data.len() as u64,
+                        blocks: damaged,
+                    });
+                }
+                s
+            }
+        };
         let _ops = self.ops.lock().await;
+        // Shared: a read that looks again with the exclusive gate sees no copy half done.
+        let _g = self.gate.read().await;
         self.check_open()?;
         let id = self.layer_id(Some(name))?;
         let size = self.meta().layer(id).map_or(0, |l| l.size);
@@ -519,8 +582,17 @@ impl Replica {
                 size,
             });
         }
-        let file = self.chain().files[&id].clone();
+        let (file, sum_file) = {
+            let c = self.chain();
+            (c.files[&id].clone(), c.sums[&id].clone())
+        };
         let len = data.len();
+        sum_file
+            .write(offset / BLOCK_SIZE, &sums)
+            .map_err(io_err(format!(
+                "write {} checksums of {id} at {offset}",
+                sums.len()
+            )))?;
         self.io
             .write_bytes_at(&file, offset, data)
             .await
@@ -541,11 +613,13 @@ impl Replica {
         let _ops = self.ops.lock().await;
         self.check_open()?;
         let id = self.layer_id(Some(name))?;
-        let file = self.chain().files[&id].clone();
-        self.io
-            .sync(&file)
-            .await
-            .map_err(io_err(format!("fdatasync {id}")))?;
+        let (file, sums) = {
+            let c = self.chain();
+            (c.files[&id].clone(), c.sums[&id].clone())
+        };
+        let (d, s) = tokio::join!(self.io.sync(&file), self.io.sync(sums.data_file()));
+        d.map_err(io_err(format!("fdatasync {id}")))?;
+        s.map_err(io_err(format!("fdatasync the checksums of {id}")))?;
         let f = file.clone();
         let incomplete = self.meta().layer(id).is_some_and(|l| l.incomplete);
         if incomplete {
@@ -567,7 +641,7 @@ impl Replica {
     }
 }
 
-fn check_aligned(offset: u64, len: u64) -> Result<()> {
+pub(super) fn check_aligned(offset: u64, len: u64) -> Result<()> {
     if !offset.is_multiple_of(BLOCK_SIZE) || !len.is_multiple_of(BLOCK_SIZE) || len == 0 {
         return Err(ReplicaError::Invalid(format!(
             "layer I/O at {offset}+{len} must be a non-empty multiple of {BLOCK_SIZE} bytes"

@@ -569,7 +569,8 @@ fn rebuild_copies_layers_between_replicas() {
                     .read_layer(Some(layer), ext.start, ext.end - ext.start)
                     .await
                     .expect("read layer");
-                dst.write_layer(layer, ext.start, data)
+                assert!(data.corrupt.is_empty(), "a good layer reads clean");
+                dst.write_layer(layer, ext.start, data.data, Some(data.sums), &[])
                     .await
                     .expect("write layer");
             }

@@ -1,0 +1,567 @@
+//! Checksum tests: damage is found (reads, layer reads, scrub) and stays found across merges
+//! and copies; crashes never leave a false mismatch; upgraded replicas get their sums.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use zebu_proto::sums::{BlockSums, ZERO_BLOCK_CRC, block_crc};
+
+use super::meta::{LayerId, META_FILE, layer_path};
+use super::sums::{CLEAN_CLOSE, sum_path};
+use super::{BLOCK_SIZE, Replica};
+use crate::error::ReplicaError;
+use crate::io::{BackendKind, CacheMode, IoConfig, IoEngine};
+
+const MIB: u64 = 1 << 20;
+const SIZE: u64 = 64 * MIB;
+
+fn io(cache: CacheMode) -> IoEngine {
+    let config = IoConfig {
+        cache,
+        ..IoConfig::default()
+    };
+    IoEngine::with_config(BackendKind::Auto, config).expect("io engine")
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn block(seed: u64) -> Bytes {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..BLOCK_SIZE)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Flips one bit of a layer file directly, as a disk that rots would.
+fn flip(dir: &Path, layer: u64, offset: u64) {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(layer_path(dir, LayerId(layer)))
+        .expect("open layer file");
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).expect("read a byte");
+    b[0] ^= 0x10;
+    f.write_all_at(&b, offset).expect("flip a bit");
+    f.sync_all().expect("sync");
+}
+
+#[test]
+fn a_flipped_bit_is_reported_for_its_block_only_and_a_rewrite_heals_it() {
+    for cache in [CacheMode::Page, CacheMode::Direct] {
+        rt().block_on(async {
+            let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+            let r = Replica::create(dir.path(), SIZE, io(cache))
+                .await
+                .expect("create");
+            for b in 0..8 {
+                r.write(b * BLOCK_SIZE, block(b)).await.expect("write");
+            }
+            r.flush(0).await.expect("flush");
+            flip(dir.path(), 1, 5 * BLOCK_SIZE + 100);
+            if cache == CacheMode::Direct {
+                // O_DIRECT reads the disk; drop what the page cache kept of the test's write.
+                std::process::Command::new("sync").status().expect("sync");
+            }
+            let got = r.read_verified(0, 8 * BLOCK_SIZE).await.expect("read");
+            assert_eq!(got.corrupt, vec![5], "{cache}: only the flipped block");
+            assert_ne!(&got.data[5 * 4096..6 * 4096], &block(5)[..]);
+            assert_eq!(&got.data[..4096], &block(0)[..], "the rest is intact");
+            // An unaligned read names the blocks counted from its first block.
+            let got = r
+                .read_verified(4 * BLOCK_SIZE + 10, 8192)
+                .await
+                .expect("read");
+            assert_eq!(got.corrupt, vec![1]);
+            match r.read(5 * BLOCK_SIZE, BLOCK_SIZE).await {
+                Err(ReplicaError::ChecksumMismatch { blocks, .. }) => {
+                    assert_eq!(blocks, vec![5 * BLOCK_SIZE])
+                }
+                other => panic!("{cache}: expected a mismatch, got {other:?}"),
+            }
+            // A partial write on top of the bad block would bless its other bytes: refused.
+            match r.write(5 * BLOCK_SIZE + 1, Bytes::from_static(b"x")).await {
+                Err(ReplicaError::ChecksumMismatch { .. }) => {}
+                other => panic!("{cache}: expected a refusal, got {other:?}"),
+            }
+            // A whole-block write (a repair) replaces data and sum.
+            r.write(5 * BLOCK_SIZE, block(5)).await.expect("repair");
+            let got = r.read_verified(0, 8 * BLOCK_SIZE).await.expect("read");
+            assert!(got.corrupt.is_empty());
+            assert_eq!(&got.data[5 * 4096..6 * 4096], &block(5)[..]);
+            assert_eq!(r.info().corrupt_found, 3);
+        });
+    }
+}
+
+#[test]
+fn sums_sent_with_a_write_are_stored_as_given() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        let data = Bytes::from([block(1), block(2)].concat());
+        r.write_with_sums(0, data.clone(), BlockSums::of(&data))
+            .await
+            .expect("write");
+        assert!(
+            r.read_verified(0, 8192)
+                .await
+                .expect("read")
+                .corrupt
+                .is_empty()
+        );
+        // Data damaged on the way (its sums were taken before): found on the first read.
+        let mut damaged = data.to_vec();
+        damaged[4096] ^= 1;
+        r.write_with_sums(0, Bytes::from(damaged), BlockSums::of(&data))
+            .await
+            .expect("write");
+        assert_eq!(
+            r.read_verified(0, 8192).await.expect("read").corrupt,
+            vec![1]
+        );
+        assert_eq!(
+            r.checksums(0, 8192, 4096).await.expect("sums"),
+            vec![block_crc(&block(1)), block_crc(&block(2))],
+            "Checksums gives the stored sums, not the data's"
+        );
+        assert_eq!(
+            r.checksums(8192, 8192, 4096).await.expect("sums"),
+            vec![ZERO_BLOCK_CRC; 2],
+            "holes read as zeros"
+        );
+        let both = r.checksums(0, 8192, 8192).await.expect("sums");
+        assert_eq!(both, vec![block_crc(&data)], "larger pieces combine");
+    });
+}
+
+#[test]
+fn damage_in_a_snapshot_is_found_through_the_chain_and_by_scrub_and_survives_a_merge() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        for b in 0..4 {
+            r.write(b * BLOCK_SIZE, block(b)).await.expect("write");
+        }
+        r.snapshot_create("s1", true, BTreeMap::new())
+            .await
+            .expect("snapshot");
+        // The head hides block 0 of s1; block 2 is read through s1.
+        r.write(0, block(100)).await.expect("write");
+        flip(dir.path(), 1, 100);
+        flip(dir.path(), 1, 2 * BLOCK_SIZE + 100);
+        let got = r.read_verified(0, 4 * BLOCK_SIZE).await.expect("read");
+        assert_eq!(got.corrupt, vec![2], "block 0 comes from the head");
+        let s = r.scrub(0, 4 * MIB).await.expect("scrub");
+        let mut bad: Vec<(String, u64, bool)> = s
+            .bad
+            .iter()
+            .map(|b| (b.layer.clone(), b.offset, b.visible))
+            .collect();
+        bad.sort();
+        assert_eq!(
+            bad,
+            vec![
+                ("s1".to_string(), 0, false),
+                ("s1".to_string(), 2 * BLOCK_SIZE, true)
+            ]
+        );
+        assert_eq!(
+            s.bytes_verified,
+            5 * BLOCK_SIZE,
+            "4 snapshot blocks and 1 head block"
+        );
+        assert_eq!(s.sums[1], block_crc(&block(1)));
+        assert_eq!(s.sums[0], block_crc(&block(100)));
+        // A rebuild reads s1 with its sums and the bad blocks named.
+        let l = r
+            .read_layer(Some("s1"), 0, 4 * BLOCK_SIZE)
+            .await
+            .expect("layer");
+        assert_eq!(l.corrupt, vec![0, 2]);
+        assert_eq!(l.sums.get(1), Some(block_crc(&block(1))));
+        // Merging s1 into the head copies its stored sums: the bad block stays detectable.
+        r.snapshot_delete("s1").await.expect("merge");
+        let got = r.read_verified(0, 4 * BLOCK_SIZE).await.expect("read");
+        assert_eq!(got.corrupt, vec![2]);
+        assert_eq!(&got.data[..4096], &block(100)[..]);
+        assert_eq!(&got.data[4096..8192], &block(1)[..]);
+    });
+}
+
+#[test]
+fn a_layer_copy_damaged_on_the_way_is_refused_and_known_bad_blocks_stay_bad() {
+    rt().block_on(async {
+        let d1 = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let d2 = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let src = Replica::create(d1.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        let dst = Replica::create(d2.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        for b in 0..4 {
+            src.write(b * BLOCK_SIZE, block(b)).await.expect("write");
+        }
+        src.snapshot_create("s", false, BTreeMap::new())
+            .await
+            .expect("snapshot");
+        flip(d1.path(), 1, 3 * BLOCK_SIZE);
+        let l = src
+            .read_layer(Some("s"), 0, 4 * BLOCK_SIZE)
+            .await
+            .expect("read");
+        assert_eq!(l.corrupt, vec![3]);
+        dst.begin_layer(&super::LayerSpec {
+            name: "s".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("begin");
+        let mut damaged = l.data.to_vec();
+        damaged[5] ^= 1;
+        match dst
+            .write_layer(
+                "s",
+                0,
+                Bytes::from(damaged),
+                Some(l.sums.clone()),
+                &l.corrupt,
+            )
+            .await
+        {
+            Err(ReplicaError::ChecksumMismatch { blocks, .. }) => assert_eq!(blocks, vec![0]),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        dst.write_layer("s", 0, l.data.clone(), Some(l.sums.clone()), &l.corrupt)
+            .await
+            .expect("write");
+        dst.finish_layer("s").await.expect("finish");
+        let got = dst.read_verified(0, 4 * BLOCK_SIZE).await.expect("read");
+        assert_eq!(got.corrupt, vec![3], "copied, and still known to be bad");
+    });
+}
+
+/// What a kill -9 can leave: a write whose data reached the layer but whose sum did not
+/// (or the reverse), in a region written since the last flush. The next open settles it.
+#[test]
+fn after_a_crash_a_block_between_its_sum_and_its_data_reads_clean_and_counts_as_adopted() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        for b in 0..4 {
+            r.write(b * BLOCK_SIZE, block(b)).await.expect("write");
+        }
+        r.flush(0).await.expect("flush");
+        // The "new" write of block 1 reached the data file only; of block 2, the sum only.
+        r.write(3 * BLOCK_SIZE, block(33)).await.expect("write");
+        let data = std::fs::OpenOptions::new()
+            .write(true)
+            .open(layer_path(dir.path(), LayerId(1)))
+            .expect("open");
+        data.write_all_at(&block(11), BLOCK_SIZE)
+            .expect("data only");
+        let sums = std::fs::OpenOptions::new()
+            .write(true)
+            .open(sum_path(dir.path(), LayerId(1)))
+            .expect("open");
+        sums.write_all_at(&block_crc(&block(22)).to_le_bytes(), 8)
+            .expect("sum only");
+        drop(r); // no close: a crash
+        assert!(!dir.path().join(CLEAN_CLOSE).exists());
+        let r = Replica::open(dir.path(), io(CacheMode::Page))
+            .await
+            .expect("open");
+        let got = r.read_verified(0, 4 * BLOCK_SIZE).await.expect("read");
+        assert!(
+            got.corrupt.is_empty(),
+            "no false mismatch: {:?}",
+            got.corrupt
+        );
+        assert_eq!(&got.data[4096..8192], &block(11)[..], "the new data");
+        assert_eq!(&got.data[8192..12288], &block(2)[..], "the old data");
+        assert_eq!(r.info().adopted_blocks, 2);
+        assert_eq!(r.adopted_in(0, 4 * BLOCK_SIZE), vec![1, 2]);
+        // A later write of an adopted block makes it an ordinary block again.
+        r.write(BLOCK_SIZE, block(12)).await.expect("write");
+        assert_eq!(r.adopted_in(0, 4 * BLOCK_SIZE), vec![2]);
+    });
+}
+
+#[test]
+fn damage_outside_the_regions_a_crash_left_dirty_is_still_found_after_it() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        // Region 0 (16 MiB) flushed long enough ago to be clean; region 1 written just now.
+        r.write(0, block(1)).await.expect("write");
+        for _ in 0..=super::regions::LOOKAHEAD {
+            r.flush(0).await.expect("flush");
+        }
+        r.write(16 * MIB, block(2)).await.expect("write");
+        assert_eq!(r.info().dirty_regions, vec![1]);
+        drop(r);
+        flip(dir.path(), 1, 10);
+        let r = Replica::open(dir.path(), io(CacheMode::Page))
+            .await
+            .expect("open");
+        assert_eq!(
+            r.read_verified(0, BLOCK_SIZE).await.expect("read").corrupt,
+            vec![0]
+        );
+        assert_eq!(r.info().adopted_blocks, 0);
+        // And after a clean close, even a dirty region is trusted, not settled.
+        r.write(16 * MIB + BLOCK_SIZE, block(3))
+            .await
+            .expect("write");
+        r.close().await.expect("close");
+        assert!(dir.path().join(CLEAN_CLOSE).exists());
+        drop(r);
+        flip(dir.path(), 1, 16 * MIB + 10);
+        let r = Replica::open(dir.path(), io(CacheMode::Page))
+            .await
+            .expect("open");
+        assert!(
+            !dir.path().join(CLEAN_CLOSE).exists(),
+            "the marker is spent"
+        );
+        assert_eq!(
+            r.read_verified(16 * MIB, BLOCK_SIZE)
+                .await
+                .expect("read")
+                .corrupt,
+            vec![0]
+        );
+    });
+}
+
+/// Writes and reads of the same blocks at once: a read may land between a write's sum and
+/// its data, and must look again rather than report damage.
+#[test]
+fn reads_racing_writes_to_the_same_blocks_never_report_damage() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        for b in 0..8 {
+            r.write(b * BLOCK_SIZE, block(b)).await.expect("write");
+        }
+        let writer = {
+            let r = r.clone();
+            tokio::spawn(async move {
+                for i in 0..4000u64 {
+                    let data = Bytes::from([block(i), block(i + 1)].concat());
+                    r.write_with_sums((i % 7) * BLOCK_SIZE, data.clone(), BlockSums::of(&data))
+                        .await
+                        .expect("write");
+                }
+            })
+        };
+        let mut readers = Vec::new();
+        for _ in 0..2 {
+            let r = r.clone();
+            readers.push(tokio::spawn(async move {
+                let mut reads = 0;
+                loop {
+                    let got = r.read_verified(0, 8 * BLOCK_SIZE).await.expect("read");
+                    assert!(got.corrupt.is_empty(), "false mismatch {:?}", got.corrupt);
+                    reads += 1;
+                    if reads >= 3000 {
+                        return;
+                    }
+                }
+            }));
+        }
+        writer.await.expect("writer");
+        for rd in readers {
+            rd.await.expect("reader");
+        }
+        assert_eq!(r.info().corrupt_found, 0);
+    });
+}
+
+/// A replica made before checksums (format 1) opens, reads unverified until a background
+/// pass has computed its sums, and from then on finds damage.
+#[test]
+fn a_replica_made_before_checksums_opens_and_gets_its_sums_in_the_background() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        for b in 0..4 {
+            r.write(b * BLOCK_SIZE, block(b)).await.expect("write");
+        }
+        r.snapshot_create("s", true, BTreeMap::new())
+            .await
+            .expect("snapshot");
+        r.write(8 * MIB, block(9)).await.expect("write");
+        r.close().await.expect("close");
+        drop(r);
+        // Make it look like a format-1 directory: no checksum files, version 1.
+        for id in [1, 2] {
+            std::fs::remove_file(sum_path(dir.path(), LayerId(id))).expect("remove sums");
+        }
+        std::fs::remove_file(dir.path().join(CLEAN_CLOSE)).expect("no marker in format 1");
+        let meta = dir.path().join(META_FILE);
+        let text = std::fs::read_to_string(&meta).expect("meta");
+        std::fs::write(
+            &meta,
+            text.replace("\"format_version\": 2", "\"format_version\": 1"),
+        )
+        .expect("write meta");
+        let r = Replica::open(dir.path(), io(CacheMode::Page))
+            .await
+            .expect("open format 1");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while r.info().unverified_bytes > 0 {
+            assert!(std::time::Instant::now() < deadline, "sums never computed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let text = std::fs::read_to_string(&meta).expect("meta");
+        assert!(text.contains("\"format_version\": 2"), "{text}");
+        assert!(!text.contains("unverified"), "{text}");
+        let got = r.read_verified(0, 4 * BLOCK_SIZE).await.expect("read");
+        assert!(got.corrupt.is_empty());
+        assert_eq!(&got.data[..4096], &block(0)[..]);
+        flip(dir.path(), 1, 3 * BLOCK_SIZE);
+        flip(dir.path(), 2, 8 * MIB);
+        assert_eq!(
+            r.read_verified(0, 4 * BLOCK_SIZE)
+                .await
+                .expect("read")
+                .corrupt,
+            vec![3]
+        );
+        assert_eq!(
+            r.read_verified(8 * MIB, BLOCK_SIZE)
+                .await
+                .expect("read")
+                .corrupt,
+            vec![0]
+        );
+    });
+}
+
+#[test]
+fn scrub_reports_unverified_layers_instead_of_checking_them() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r: Arc<Replica> = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        r.write(0, block(1)).await.expect("write");
+        r.chain_mut().unverified.insert(LayerId(1));
+        let s = r.scrub(0, MIB).await.expect("scrub");
+        assert_eq!((s.bytes_verified, s.bytes_unverified), (0, BLOCK_SIZE));
+        assert_eq!(s.sums[0], block_crc(&block(1)), "computed from the data");
+    });
+}
+
+#[test]
+fn a_layer_whose_checksum_file_is_gone_is_unverified_until_its_sums_are_computed_again() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        r.write(0, block(1)).await.expect("write");
+        r.close().await.expect("close");
+        drop(r);
+        std::fs::remove_file(sum_path(dir.path(), LayerId(1))).expect("remove sums");
+        let r = Replica::open(dir.path(), io(CacheMode::Page))
+            .await
+            .expect("open");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while r.info().unverified_bytes > 0 {
+            assert!(std::time::Instant::now() < deadline, "sums never computed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            r.read_verified(0, BLOCK_SIZE)
+                .await
+                .expect("read")
+                .corrupt
+                .is_empty()
+        );
+        flip(dir.path(), 1, 7);
+        assert_eq!(
+            r.read_verified(0, BLOCK_SIZE).await.expect("read").corrupt,
+            vec![0]
+        );
+    });
+}
+
+#[test]
+fn with_checksums_off_nothing_is_checked_and_turning_them_on_recomputes_them() {
+    rt().block_on(async {
+        let off = || {
+            IoEngine::with_config(
+                BackendKind::Auto,
+                IoConfig {
+                    checksums: false,
+                    ..IoConfig::default()
+                },
+            )
+            .expect("io engine")
+        };
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        r.write(0, block(1)).await.expect("write");
+        r.close().await.expect("close");
+        drop(r);
+        let r = Replica::open(dir.path(), off()).await.expect("open off");
+        assert!(r.info().unverified_bytes > 0, "every layer unverified");
+        r.write(0, block(2)).await.expect("write without a sum");
+        flip(dir.path(), 1, 9);
+        assert!(
+            r.read_verified(0, BLOCK_SIZE)
+                .await
+                .expect("read")
+                .corrupt
+                .is_empty()
+        );
+        r.close().await.expect("close");
+        drop(r);
+        // On again: the stale sum of block 0 (block 1's) is never trusted; it is recomputed.
+        let r = Replica::open(dir.path(), io(CacheMode::Page))
+            .await
+            .expect("open on");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while r.info().unverified_bytes > 0 {
+            assert!(std::time::Instant::now() < deadline, "sums never computed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let got = r.read_verified(0, BLOCK_SIZE).await.expect("read");
+        assert!(
+            got.corrupt.is_empty(),
+            "no false mismatch after checksums were off"
+        );
+    });
+}
