@@ -53,7 +53,12 @@ impl Sink {
             return;
         }
         let msg = pb::WriteLayerRequest {
-            chunk: Some(pb::LayerChunk { offset, data }),
+            // No sums: the chunk was checked against its backup hash; the replica computes them.
+            chunk: Some(pb::LayerChunk {
+                offset,
+                data,
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let ok = match &self.tx {
