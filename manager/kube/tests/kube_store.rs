@@ -200,6 +200,10 @@ async fn finalizers_hold_a_deleted_object_until_removed() {
             .expect("delete")
             .expect("held by its finalizer");
         assert!(held["metadata"]["deletionTimestamp"].is_string());
+        assert_eq!(
+            held["metadata"]["generation"], 2,
+            "a delete is a new generation"
+        );
         let got = s
             .get(Kind::Setting, &name)
             .await
