@@ -53,8 +53,9 @@ pub fn cluster() -> Cluster {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let c = Cluster { env };
-    // Several test processes apply at once: one at a time, under a lock beside the state.
-    let lock = format!("{state}.crds.lock");
+    // Several test processes apply at once: one at a time, under a lock in the state
+    // directory (removed with the cluster).
+    let lock = format!("{state}/crds.lock");
     run(Command::new("flock")
         .args([
             &lock,
