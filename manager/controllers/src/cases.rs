@@ -238,15 +238,20 @@ fn case(name: &'static str, fixture: Fixture, target: Target, expect: &[&str]) -
     }
 }
 
+/// Being deleted, as a store leaves it: `deletionTimestamp` stamped and the generation
+/// bumped (Kubernetes does; the store contract follows it).
 fn deleting<R: Resource>(mut r: R) -> R {
-    r.metadata_mut().deletion_timestamp = Some(ago(5));
+    let m = r.metadata_mut();
+    m.deletion_timestamp = Some(ago(5));
+    m.generation = m.generation.max(1) + 1;
     r
 }
 
-/// A volume whose status a pass already wrote: in `state`, for generation 1.
+/// A volume whose status a pass already wrote: in `state`, for its generation (1 when the
+/// fixture sets none).
 fn with_status(mut v: Volume, state: VolumeState) -> Volume {
     v.status.state = state;
-    v.status.observed_generation = 1;
+    v.status.observed_generation = v.metadata.generation.max(1);
     v
 }
 

@@ -23,6 +23,13 @@ pub struct Cli {
         default_value = "http://127.0.0.1:9500"
     )]
     pub api: String,
+    /// Talk to a Kubernetes cluster instead of a manager's API: the operations run in
+    /// this process over the cluster's zebu.io resources.
+    #[arg(long, global = true, env = "ZEBU_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace of the zebu.io resources, with `--kubeconfig`.
+    #[arg(long, global = true, default_value = zebu_types::DEFAULT_NAMESPACE)]
+    pub namespace: String,
     /// Output format.
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
     pub output: Output,

@@ -6,6 +6,7 @@
 //! - [`render`]: tables, JSON and YAML;
 //! - [`up`]: `zebu up`;
 //! - [`backup`]: `zebu backup ...` and `zebu volume create --from-backup`.
+//! - [`kube`]: `--kubeconfig FILE`: the operations in-process over a cluster's resources.
 //!
 //! Bad input gets one line on stderr and exit code 2 (argument errors) or 1 (the API refused
 //! or could not be reached); `-o json|yaml` prints the objects exactly as the API returns
@@ -16,6 +17,7 @@
 pub mod args;
 pub mod backup;
 pub mod commands;
+pub mod kube;
 pub mod render;
 pub mod up;
 
@@ -26,6 +28,9 @@ use crate::client::Client;
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let out = cli.output;
+    if let Some(kubeconfig) = &cli.kubeconfig {
+        return kube::run(kubeconfig, &cli.namespace, out, cli.command).await;
+    }
     // `zebu up` serves the API; every other command needs a valid address of one.
     let client = || Client::new(&cli.api);
     match cli.command {

@@ -451,12 +451,16 @@ impl EmbeddedStore {
             if finalizers(&stored).is_empty() {
                 return Ok((EventType::Deleted, Write::Remove(stored)));
             }
+            let g = generation(&stored);
             let meta = meta_mut(kind, &mut stored)?;
             if !meta.contains_key("deletionTimestamp") {
                 meta.insert(
                     "deletionTimestamp".into(),
                     Value::from(zebu_types::time::now_rfc3339()),
                 );
+                // As the Kubernetes API server does: being deleted is a change a controller
+                // must observe, so it is a new generation.
+                meta.insert("generation".into(), Value::from(g + 1));
             }
             Ok((EventType::Modified, Write::Put(stored)))
         })?;

@@ -195,6 +195,10 @@ fn finalizers_hold_a_deleted_object_until_removed() {
         .expect("delete")
         .expect("held by finalizer");
     assert!(held["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(
+        held["metadata"]["generation"], 2,
+        "a delete is a new generation"
+    );
     assert!(s.get_sync(Kind::Setting, "a").expect("get").is_some());
     // No new finalizer while it is being deleted.
     let mut more = held.clone();

@@ -8,11 +8,14 @@ use serde::{Deserialize, Serialize};
 use super::{Condition, RebuildProgress, ReplicaMode, resource};
 use crate::size::ByteSize;
 
+/// How the attached volume is served to its client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Frontend {
+    /// An iSCSI target (one LUN) on the attached node.
     #[default]
     Iscsi,
+    /// An NBD server on the attached node.
     Nbd,
 }
 
@@ -37,8 +40,11 @@ pub enum DataLocality {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeSpec {
+    /// Size in bytes (a whole number of 4 KiB blocks); it can grow (expand), never shrink.
     pub size: ByteSize,
+    /// How many replicas (copies on different nodes) every write goes to.
     pub number_of_replicas: u32,
+    /// How the attached volume is served.
     #[serde(default)]
     pub frontend: Frontend,
     /// Node tags a replica's node must all carry.

@@ -19,7 +19,8 @@
 //!   [`StoreError::Invalid`] when it has none. That is the optimistic concurrency every writer
 //!   relies on: read, decide, write back; on conflict, read again.
 //! - `delete` removes the object, or, while `finalizers` remain, only stamps
-//!   `deletionTimestamp`; the object goes away with the update that removes the last
+//!   `deletionTimestamp` (and bumps `generation`, as the Kubernetes API server does, so a
+//!   controller's `observedGeneration` shows whether it has seen the delete); the object goes away with the update that removes the last
 //!   finalizer. No finalizer may be added to an object being deleted.
 //! - `watch` is per kind: every change of that kind after a resourceVersion, in order,
 //!   without gaps, and now and then a [`WatchEvent::Bookmark`] that only moves the version on.
