@@ -10,7 +10,7 @@
 //! | `zebu-controllers` (`manager/controllers`) | one controller per kind: pure decisions plus a thin apply |
 //! | `zebu-agent` (`manager/agent`) | the node agent: engine and replica processes on its node |
 //! | `zebu-api` (`manager/api`) | the REST API over ops |
-//! | this crate | the `zebu` CLI ([`cli`]) over a typed REST [`client`], `zebu up`'s node agents ([`standalone`]) |
+//! | this crate | the `zebu` CLI ([`cli`]) over a typed REST [`client`], `zebu up`'s node agents ([`standalone`]), a cluster member's Leases ([`cluster`]) |
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), zebu_manager::client::ClientError> {
@@ -24,5 +24,6 @@
 
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod progress;
 pub mod standalone;

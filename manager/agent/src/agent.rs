@@ -55,6 +55,9 @@ pub struct AgentConfig {
     pub heartbeat: Duration,
     /// Where the node's processes write their stdout and stderr.
     pub log_dir: PathBuf,
+    /// The instance manager's socket, when it starts the node's processes (in a cluster,
+    /// so that they outlive the manager's container); `None`: the agent starts them.
+    pub instance_manager: Option<PathBuf>,
 }
 
 /// Capacity of the filesystem holding `path`.
@@ -80,7 +83,8 @@ impl NodeAgent {
             cfg.node.clone(),
             cfg.address.clone(),
             cfg.log_dir.clone(),
-        );
+        )
+        .with_instance_manager(cfg.instance_manager.clone());
         NodeAgent {
             store,
             cfg,
@@ -304,6 +308,7 @@ mod tests {
             disks: BTreeMap::from([("disk-0".to_string(), disk.clone())]),
             heartbeat: Duration::from_millis(50),
             log_dir: dir.path().join("node-1/logs"),
+            instance_manager: None,
         };
         let agent = NodeAgent::new(store.clone(), cfg);
         agent.register().await.expect("register");

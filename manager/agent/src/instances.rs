@@ -37,7 +37,7 @@
 //! Replica's process, so one without an object is left over from a delete
 //! that was interrupted.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex as SyncMutex;
@@ -46,14 +46,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
+use zebu_controllers::engine_status;
 use zebu_ops::engine_rpc;
 use zebu_types::Store;
 use zebu_types::names::{ENGINE_FINALIZER, REPLICA_FINALIZER, REPLICAS_DIR};
-use zebu_types::resources::{
-    Engine, EngineState, EngineVolumeState, Frontend, Node, RebuildKind, RebuildProgress,
-    RebuildState, Replica, ReplicaMode, ReplicaState, Resource,
-};
-use zebu_types::size::ByteSize;
+use zebu_types::resources::{Engine, EngineState, Frontend, Node, Replica, ReplicaState, Resource};
 use zebu_types::store::{StoreError, TypedStore};
 
 use crate::process::{self, Identity, Launch};
@@ -95,6 +92,9 @@ pub struct Instances {
     /// Starts in flight. Only the agent's pass adds or removes entries; a
     /// finished task is removed on the next pass.
     starts: Arc<SyncMutex<HashMap<StartKey, JoinHandle<()>>>>,
+    /// The instance manager's socket, when it starts the processes (see
+    /// [`crate::instance_manager`]); `None`: this process does.
+    via: Option<PathBuf>,
 }
 
 impl Clone for Instances {
@@ -107,6 +107,7 @@ impl Clone for Instances {
             grace: self.grace,
             backoff: self.backoff.clone(),
             starts: self.starts.clone(),
+            via: self.via.clone(),
         }
     }
 }
@@ -135,12 +136,6 @@ pub fn engine_identity(e: &Engine, node_address: &str, log_dir: &Path) -> Identi
     }
 }
 
-/// A mode word from the engine; one this manager does not know is taken as failed, so it
-/// is never counted as in sync.
-fn parse_mode(m: &str) -> ReplicaMode {
-    ReplicaMode::parse(m).unwrap_or(ReplicaMode::ERR)
-}
-
 /// The `host:port` of an `nbd://host:port/name` or `iscsi://host:port/...`.
 fn endpoint_hostport(endpoint: &str) -> Option<&str> {
     endpoint.split_once("://")?.1.split('/').next()
@@ -156,7 +151,14 @@ impl Instances {
             grace: Duration::from_secs(10),
             backoff: Arc::new(Mutex::new(HashMap::new())),
             starts: Arc::new(SyncMutex::new(HashMap::new())),
+            via: None,
         }
+    }
+
+    /// Have the instance manager at `socket` start the processes.
+    pub fn with_instance_manager(mut self, socket: Option<PathBuf>) -> Self {
+        self.via = socket;
+        self
     }
 
     fn lock_starts(&self) -> std::sync::MutexGuard<'_, HashMap<StartKey, JoinHandle<()>>> {
@@ -384,6 +386,7 @@ impl Instances {
                 log: self.log_dir.join(format!("replica-{name}.log")),
                 ready_prefix: "listening on ".into(),
                 timeout: REPLICA_READY_TIMEOUT,
+                via: self.via.clone(),
             },
             Err(e) => return self.replica_failed(name, &e.to_string(), false).await,
         };
@@ -483,6 +486,7 @@ impl Instances {
             log: self.log_dir.join(format!("engine-{name}.log")),
             ready_prefix: "ready".into(),
             timeout: ENGINE_READY_TIMEOUT,
+            via: self.via.clone(),
         };
         let me = self.clone();
         let engine = e.clone();
@@ -587,31 +591,11 @@ impl Instances {
         // would be taken for the process the engine calls RW, and stick, since the engine
         // never sees that old process fail; the volume would stay Degraded for good.
         let replicas: Vec<Replica> = self.store.list_as().await.map_err(|e| self.err(e))?;
-        let by_addr: BTreeMap<&str, &str> = replicas
-            .iter()
-            .filter(|r| r.spec.volume == e.spec.volume)
-            .filter_map(|r| Some((r.status.address.as_deref()?, r.metadata.name.as_str())))
-            .collect();
-        let pids: BTreeMap<&str, u32> = replicas
-            .iter()
-            .filter(|r| r.spec.volume == e.spec.volume)
-            .filter_map(|r| Some((r.metadata.name.as_str(), r.status.pid?)))
-            .collect();
         // Progress for `zebu volume get --watch`; an engine that cannot say
         // keeps the last answer.
         let rebuild = match (&control, &info) {
             (Some(c), Ok(_)) => match engine_rpc::rebuild_status(c).await {
-                // `idle`: no rebuild yet.
-                Ok(r) => RebuildState::parse(&r.state).map(|state| RebuildProgress {
-                    replica: by_addr
-                        .get(r.replica.as_str())
-                        .map_or_else(|| r.replica.clone(), |n| (*n).to_string()),
-                    state,
-                    kind: RebuildKind::parse(&r.kind).unwrap_or(RebuildKind::Full),
-                    bytes_done: r.bytes_done,
-                    bytes_total: r.bytes_total,
-                    error: r.error,
-                }),
+                Ok(r) => engine_status::rebuild_progress(&e.spec.volume, &r, &replicas),
                 Err(err) => {
                     tracing::debug!(engine = %e.metadata.name, "RebuildStatus: {err}");
                     e.status.rebuild.clone()
@@ -633,38 +617,7 @@ impl Instances {
             o.status.endpoint = endpoint.clone();
             o.status.rebuild = rebuild.clone();
             match &info {
-                Ok(i) => {
-                    o.status.volume_state = EngineVolumeState::parse(&i.state);
-                    o.status.size = Some(ByteSize(i.size));
-                    let before = std::mem::take(&mut o.status.replica_modes);
-                    o.status.unknown_replicas.clear();
-                    for r in &i.replicas {
-                        let mode = parse_mode(&r.mode);
-                        match by_addr.get(r.address.as_str()) {
-                            Some(n) => {
-                                let name = (*n).to_string();
-                                let was_rw = before.get(&name) == Some(&ReplicaMode::RW);
-                                match (mode, pids.get(*n)) {
-                                    (ReplicaMode::RW, Some(p))
-                                        if !was_rw
-                                            || !o.status.replica_pids.contains_key(&name) =>
-                                    {
-                                        o.status.replica_pids.insert(name.clone(), *p);
-                                    }
-                                    (ReplicaMode::RW, _) => {}
-                                    _ => {
-                                        o.status.replica_pids.remove(&name);
-                                    }
-                                }
-                                o.status.replica_modes.insert(name, mode);
-                            }
-                            None => {
-                                o.status.unknown_replicas.insert(r.address.clone(), mode);
-                            }
-                        }
-                    }
-                    o.status.message.clear();
-                }
+                Ok(i) => engine_status::fold_info(&mut o.status, &o.spec.volume, i, &replicas),
                 Err(err) => o.status.message = err.clone(),
             }
         })

@@ -6,11 +6,14 @@
 //!   `zebu-replica` and `zebu-engine` processes, adopts the ones still running after a
 //!   restart, stops and cleans up deleted ones, and reports them in their status.
 //! - [`process`]: starting, finding (by command line) and stopping those processes.
+//! - [`instance_manager`]: the process that, in a cluster, is the parent of the node's
+//!   engines and replicas instead of the manager, so a manager restart never stops them.
 //!
 //! The agent reads and writes only through the store (`Arc<dyn Store>`, any backend) and
 //! talks to engines only through `zebu_ops::engine_rpc`.
 
 pub mod agent;
+pub mod instance_manager;
 pub mod instances;
 pub mod process;
 

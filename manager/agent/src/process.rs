@@ -52,6 +52,12 @@ pub enum ProcessError {
     },
     #[error("{what}: exited before it was ready ({tail})")]
     Exited { what: String, tail: String },
+    #[error("{what}: the instance manager at {socket} did not start it: {why}")]
+    InstanceManager {
+        what: String,
+        socket: PathBuf,
+        why: String,
+    },
     #[error("{what}: not ready after {secs} s (pid {pid}); stopped it")]
     Timeout { what: String, secs: u64, pid: u32 },
 }
@@ -175,6 +181,8 @@ pub struct Launch {
     /// The stdout line that means "ready", e.g. `listening on ` (a prefix).
     pub ready_prefix: String,
     pub timeout: Duration,
+    /// The instance manager's socket, when it (not this process) is to start it.
+    pub via: Option<PathBuf>,
 }
 
 /// A started process and what it announced on stdout (`first word -> rest`).
@@ -211,12 +219,20 @@ fn log_tail(log: &Path) -> String {
     }
 }
 
-/// Start a process and wait until it prints its ready line.
-pub async fn launch(l: &Launch) -> Result<Started, ProcessError> {
+/// Start `binary` with `args` as a child of this process, in its own process group, stdout
+/// to `stdout` (truncated) and stderr appended to `log`. Used by [`launch`] and by the
+/// instance manager.
+pub fn spawn(
+    what: &str,
+    binary: &Path,
+    args: &[String],
+    stdout: &Path,
+    log: &Path,
+) -> Result<tokio::process::Child, ProcessError> {
     let open = |path: &Path, append: bool| {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|source| ProcessError::Log {
-                what: l.what.clone(),
+                what: what.to_string(),
                 path: dir.to_path_buf(),
                 source,
             })?;
@@ -228,30 +244,78 @@ pub async fn launch(l: &Launch) -> Result<Started, ProcessError> {
             .truncate(!append)
             .open(path)
             .map_err(|source| ProcessError::Log {
-                what: l.what.clone(),
+                what: what.to_string(),
                 path: path.to_path_buf(),
                 source,
             })
     };
-    let out = open(&l.stdout, false)?;
-    let err = open(&l.log, true)?;
-    let mut cmd = tokio::process::Command::new(&l.binary);
-    cmd.args(&l.args)
+    let out = open(stdout, false)?;
+    let err = open(log, true)?;
+    let mut cmd = tokio::process::Command::new(binary);
+    cmd.args(args)
         .stdin(std::process::Stdio::null())
         .stdout(out)
         .stderr(err)
         .process_group(0)
         .kill_on_drop(false);
-    let mut child = cmd.spawn().map_err(|source| ProcessError::Spawn {
-        what: l.what.clone(),
-        binary: l.binary.display().to_string(),
+    cmd.spawn().map_err(|source| ProcessError::Spawn {
+        what: what.to_string(),
+        binary: binary.display().to_string(),
         source,
-    })?;
-    let pid = child.id().ok_or_else(|| ProcessError::Exited {
+    })
+}
+
+/// The process a [`launch`] started: our child, or the instance manager's.
+enum Launched {
+    Child(tokio::process::Child),
+    Remote(u32),
+}
+
+/// Start a process (itself, or through the instance manager when `l.via` names its socket)
+/// and wait until it prints its ready line.
+pub async fn launch(l: &Launch) -> Result<Started, ProcessError> {
+    let exited_at_once = || ProcessError::Exited {
         what: l.what.clone(),
         tail: "exited at once".into(),
-    })?;
-    tracing::info!(what = %l.what, pid, args = ?l.args, "started");
+    };
+    let mut started = match &l.via {
+        None => Launched::Child(spawn(&l.what, &l.binary, &l.args, &l.stdout, &l.log)?),
+        Some(socket) => {
+            let name = l
+                .binary
+                .file_name()
+                .and_then(|f| f.to_str())
+                .unwrap_or_default()
+                .to_string();
+            // The instance manager runs in another directory: absolute paths only.
+            let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+            let req = crate::instance_manager::StartRequest {
+                binary: name,
+                args: l.args.clone(),
+                stdout: absolute(&l.stdout),
+                log: absolute(&l.log),
+            };
+            Launched::Remote(crate::instance_manager::request_start(socket, &l.what, &req).await?)
+        }
+    };
+    let pid = match &started {
+        Launched::Child(c) => c.id().ok_or_else(exited_at_once)?,
+        Launched::Remote(pid) => *pid,
+    };
+    // The instance manager's child is ours to recognise by its stdout file, like any
+    // process the agent adopts.
+    let remote_id = Identity {
+        binary: l
+            .binary
+            .file_name()
+            .and_then(|f| f.to_str())
+            .unwrap_or_default()
+            .to_string(),
+        args: vec![],
+        prefixed: vec![],
+        stdout: Some(std::path::absolute(&l.stdout).unwrap_or_else(|_| l.stdout.clone())),
+    };
+    tracing::info!(what = %l.what, pid, args = ?l.args, via = ?l.via, "started");
     let deadline = Instant::now() + l.timeout;
     loop {
         let text = std::fs::read_to_string(&l.stdout).unwrap_or_default();
@@ -262,15 +326,33 @@ pub async fn launch(l: &Launch) -> Result<Started, ProcessError> {
                 announced: announced(&l.stdout),
             });
         }
-        if let Ok(Some(status)) = child.try_wait() {
+        let exited = match &mut started {
+            Launched::Child(c) => match c.try_wait() {
+                Ok(Some(status)) => Some(status.to_string()),
+                _ => None,
+            },
+            Launched::Remote(pid) => (!is_running(*pid, &remote_id)).then(|| "exited".to_string()),
+        };
+        if let Some(status) = exited {
             return Err(ProcessError::Exited {
                 what: l.what.clone(),
                 tail: format!("{status}: {}", log_tail(&l.log)),
             });
         }
         if Instant::now() >= deadline {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
+            match &mut started {
+                Launched::Child(c) => {
+                    let _ = c.start_kill();
+                    let _ = c.wait().await;
+                }
+                Launched::Remote(pid) => {
+                    if let Ok(raw) = i32::try_from(*pid)
+                        && is_running(*pid, &remote_id)
+                    {
+                        let _ = kill(Pid::from_raw(raw), Signal::SIGKILL);
+                    }
+                }
+            }
             return Err(ProcessError::Timeout {
                 what: l.what.clone(),
                 secs: l.timeout.as_secs(),
@@ -355,6 +437,7 @@ mod tests {
             log: dir.path().join("log"),
             ready_prefix: "listening on ".into(),
             timeout: Duration::from_secs(10),
+            via: None,
         };
         let started = launch(&l).await.expect("launch");
         assert_eq!(started.announced["listening"], "127.0.0.1:7");
@@ -391,6 +474,7 @@ mod tests {
             log: dir.path().join("log"),
             ready_prefix: "ready".into(),
             timeout: Duration::from_secs(10),
+            via: None,
         };
         let err = launch(&l).await.expect_err("must fail").to_string();
         assert!(err.contains("cannot bind") && err.contains('3'), "{err}");

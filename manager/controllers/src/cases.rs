@@ -5,7 +5,9 @@
 //!
 //! Each [`Case`] is a small cluster (nodes node-1…node-4 on 127.0.0.11…14, volume `v` of
 //! 1 GiB and its replicas `v-r-N`), the object to decide, and the actions expected, each as
-//! its one-line `Display`.
+//! its one-line `Display`. A case with [`Fixture::presence`] decides as a cluster member
+//! does, with presence from node Leases; [`Target::Owner`] asks what one manager does with
+//! a volume ([`crate::ownership`]).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,7 +21,8 @@ use zebu_types::size::ByteSize;
 use zebu_types::store::{StoreError, TypedStore};
 use zebu_types::{Store, time};
 
-use crate::{World, WorldError, gc, node, volume};
+use crate::presence::{Presence, PresenceMap};
+use crate::{World, WorldError, gc, node, ownership, volume};
 
 const GIB: u64 = 1 << 30;
 
@@ -32,6 +35,8 @@ pub struct Fixture {
     pub replicas: Vec<Replica>,
     pub engines: Vec<Engine>,
     pub settings: Vec<Setting>,
+    /// Presence from node Leases (a cluster); `None`: from the nodes' `Ready` conditions.
+    pub presence: Option<PresenceMap>,
 }
 
 /// Which object a case decides.
@@ -41,6 +46,11 @@ pub enum Target {
     Node(&'static str),
     Engine(&'static str),
     Replica(&'static str),
+    /// What the manager of node `me` does with the volume.
+    Owner {
+        volume: &'static str,
+        me: &'static str,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -226,7 +236,34 @@ fn fixture(
         replicas,
         engines,
         settings: vec![],
+        presence: None,
     }
+}
+
+/// Presence from Leases: node-`i` for each `(i, down_secs)`, up when `down_secs` is `None`.
+fn leases(nodes: &[(u32, Option<u64>)]) -> PresenceMap {
+    nodes
+        .iter()
+        .map(|(i, down)| {
+            let p = match down {
+                None => Presence::Up,
+                Some(secs) => Presence::Down {
+                    since: Some(now() - Duration::from_secs(*secs)),
+                },
+            };
+            (format!("node-{i}"), p)
+        })
+        .collect()
+}
+
+fn with_leases(mut f: Fixture, presence: PresenceMap) -> Fixture {
+    f.presence = Some(presence);
+    f
+}
+
+fn owned_by(mut v: Volume, node: &str) -> Volume {
+    v.status.owner_id = Some(node.to_string());
+    v
 }
 
 fn case(name: &'static str, fixture: Fixture, target: Target, expect: &[&str]) -> Case {
@@ -706,6 +743,7 @@ pub fn all() -> Vec<Case> {
             &[],
         ),
     ]);
+    cases.extend(cluster_cases());
     // Orphans.
     cases.extend([
         case(
@@ -735,6 +773,255 @@ pub fn all() -> Vec<Case> {
     cases
 }
 
+/// Cases of a cluster of managers: presence from node Leases, and volume ownership. The
+/// rendezvous winner for volume `v` is node-1 among node-1…3 and among node-1…2, and node-2
+/// among node-2…3.
+fn cluster_cases() -> Vec<Case> {
+    use EngineVolumeState::Healthy;
+    let v = Target::Volume("v");
+    let owner = |me| Target::Owner { volume: "v", me };
+    let all_up = leases(&[(1, None), (2, None), (3, None)]);
+    let node1_gone = leases(&[(1, Some(20)), (2, None), (3, None)]);
+    let attached = || {
+        fixture(
+            vec![vol(3, Some("node-1"))],
+            nodes(3),
+            three_running(),
+            vec![engine(&ALL_RW, Healthy)],
+        )
+    };
+    let attached_owned = |by: &str| {
+        let mut f = attached();
+        f.volumes = vec![owned_by(vol(3, Some("node-1")), by)];
+        f
+    };
+    let detached = || {
+        fixture(
+            vec![with_status(vol(3, None), VolumeState::Detached)],
+            nodes(3),
+            three_running(),
+            vec![],
+        )
+    };
+    vec![
+        // Ownership.
+        case(
+            "an attached volume nobody owns is claimed by its attached node's manager",
+            with_leases(attached(), all_up.clone()),
+            owner("node-1"),
+            &["claim"],
+        ),
+        case(
+            "an attached volume nobody owns is left to its attached node's manager",
+            with_leases(attached(), all_up.clone()),
+            owner("node-2"),
+            &["leave (no owner)"],
+        ),
+        case(
+            "the owner drives its volume",
+            with_leases(attached_owned("node-1"), all_up.clone()),
+            owner("node-1"),
+            &["drive"],
+        ),
+        case(
+            "the attached node's manager gone, the rendezvous winner among live managers claims",
+            with_leases(attached_owned("node-1"), node1_gone.clone()),
+            owner("node-2"),
+            &["claim from node-1"],
+        ),
+        case(
+            "the attached node's manager gone, the other live managers leave the volume",
+            with_leases(attached_owned("node-1"), node1_gone.clone()),
+            owner("node-3"),
+            &["leave (owner node-1)"],
+        ),
+        case(
+            "a renewed Lease decides, not a Ready=False left from before the manager came back",
+            with_leases(
+                {
+                    let mut f = attached_owned("node-1");
+                    f.nodes[0] = down_node(1, 30);
+                    f
+                },
+                all_up.clone(),
+            ),
+            owner("node-1"),
+            &["drive"],
+        ),
+        case(
+            "the killed manager back: the interim owner hands the volume back",
+            with_leases(attached_owned("node-2"), all_up.clone()),
+            owner("node-2"),
+            &["hand off to node-1"],
+        ),
+        case(
+            "the killed manager back: it waits for the hand-off, never takes from a live owner",
+            with_leases(attached_owned("node-2"), all_up.clone()),
+            owner("node-1"),
+            &["leave (owner node-2)"],
+        ),
+        case(
+            "a detached volume is claimed by the rendezvous winner",
+            with_leases(detached(), all_up.clone()),
+            owner("node-1"),
+            &["claim"],
+        ),
+        case(
+            "a detached volume is left by managers the rendezvous did not pick",
+            with_leases(detached(), all_up.clone()),
+            owner("node-3"),
+            &["leave (no owner)"],
+        ),
+        case(
+            "a detached volume's owner hands it to the new rendezvous winner when that one comes up",
+            with_leases(
+                {
+                    let mut f = detached();
+                    f.volumes = vec![owned_by(
+                        with_status(vol(3, None), VolumeState::Detached),
+                        "node-2",
+                    )];
+                    f
+                },
+                all_up.clone(),
+            ),
+            owner("node-2"),
+            &["hand off to node-1"],
+        ),
+        case(
+            "a detached volume stays with its owner while the winner is down",
+            with_leases(
+                {
+                    let mut f = detached();
+                    f.volumes = vec![owned_by(
+                        with_status(vol(3, None), VolumeState::Detached),
+                        "node-2",
+                    )];
+                    f
+                },
+                leases(&[(1, Some(5)), (2, None), (3, None)]),
+            ),
+            owner("node-2"),
+            &["drive"],
+        ),
+        case(
+            "a volume being detached is owned by its engine's node while that is up",
+            with_leases(
+                fixture(
+                    vec![with_status(vol(3, None), VolumeState::Attached)],
+                    nodes(3),
+                    three_running(),
+                    vec![engine(&ALL_RW, Healthy)],
+                ),
+                all_up.clone(),
+            ),
+            owner("node-1"),
+            &["claim"],
+        ),
+        case(
+            "a volume owned by a node that no longer exists is claimed",
+            with_leases(attached_owned("node-9"), all_up.clone()),
+            owner("node-1"),
+            &["claim from node-9"],
+        ),
+        // Volume decisions when a node's manager is gone but its processes may run.
+        case(
+            "the owner observes an engine whose node's manager is gone",
+            with_leases(attached_owned("node-2"), node1_gone.clone()),
+            v.clone(),
+            &[
+                "observe v-e",
+                "status attached healthy on node-1 at nbd://127.0.0.11:10809/v",
+            ],
+        ),
+        case(
+            "a replica whose node's manager is gone too long but that the engine has RW stays",
+            with_leases(
+                attached_owned("node-1"),
+                leases(&[(1, None), (2, None), (3, Some(120))]),
+            ),
+            v.clone(),
+            &["status attached healthy on node-1 at nbd://127.0.0.11:10809/v"],
+        ),
+        case(
+            "a replica whose node's manager is gone too long and that the engine failed is replaced",
+            with_leases(
+                fixture(
+                    vec![vol(3, Some("node-1"))],
+                    nodes(4),
+                    three_running(),
+                    vec![engine(
+                        &[
+                            (1, ReplicaMode::RW),
+                            (2, ReplicaMode::RW),
+                            (3, ReplicaMode::ERR),
+                        ],
+                        EngineVolumeState::Degraded,
+                    )],
+                ),
+                leases(&[(1, None), (2, None), (3, Some(120)), (4, None)]),
+            ),
+            v.clone(),
+            &[
+                "supersede v-r-3",
+                "create replica on node-4/disk-0 (1 GiB)",
+                "status attached degraded on node-1 at nbd://127.0.0.11:10809/v Scheduled=True",
+            ],
+        ),
+        case(
+            "a replica is not placed on a node whose Lease expired, whatever its Ready says",
+            with_leases(
+                fixture(vec![vol(3, None)], nodes(4), vec![], vec![]),
+                leases(&[(1, Some(20)), (2, None), (3, None), (4, None)]),
+            ),
+            v.clone(),
+            &[
+                "create replica on node-2/disk-0 (1 GiB)",
+                "create replica on node-3/disk-0 (1 GiB)",
+                "create replica on node-4/disk-0 (1 GiB)",
+                "status creating unknown Scheduled=True",
+            ],
+        ),
+        // The node controller follows Leases.
+        case(
+            "a node whose Lease expired is marked not ready",
+            with_leases(
+                fixture(vec![], nodes(2), vec![], vec![]),
+                leases(&[(1, Some(20)), (2, None)]),
+            ),
+            Target::Node("node-1"),
+            &["not ready: Lease zebu-node-node-1 expired"],
+        ),
+        case(
+            "a node whose Lease is renewed again is marked ready",
+            with_leases(
+                fixture(vec![], vec![down_node(1, 30)], vec![], vec![]),
+                leases(&[(1, None)]),
+            ),
+            Target::Node("node-1"),
+            &["ready: lease renewed"],
+        ),
+        case(
+            "with Leases, a node without heartbeats is left alone while its Lease is renewed",
+            with_leases(
+                fixture(
+                    vec![],
+                    vec![{
+                        let mut n = ready_node(1);
+                        n.status.last_heartbeat = Some(ago(600));
+                        n
+                    }],
+                    vec![],
+                    vec![],
+                ),
+                leases(&[(1, None)]),
+            ),
+            Target::Node("node-1"),
+            &[],
+        ),
+    ]
+}
+
 /// The decision for `target`, one line per action.
 pub fn decide_lines(w: &World, target: &Target) -> Result<Vec<String>, String> {
     let lines = |v: Vec<String>| Ok(v);
@@ -760,6 +1047,10 @@ pub fn decide_lines(w: &World, target: &Target) -> Result<Vec<String>, String> {
                     .map(ToString::to_string)
                     .collect(),
             )
+        }
+        Target::Owner { volume, me } => {
+            let v = w.volume(volume).ok_or(format!("no volume {volume}"))?;
+            lines(vec![ownership::decide(w, v, me).to_string()])
         }
         Target::Replica(n) => {
             let r = w.replica(n).ok_or(format!("no replica {n}"))?;
@@ -787,7 +1078,7 @@ fn compare(case: &Case, got: Vec<String>) -> Result<(), String> {
 /// Run a case on a world built directly from its objects.
 pub fn check(case: &Case) -> Result<(), String> {
     let f = case.fixture.clone();
-    let w = World::from_objects(
+    let mut w = World::from_objects(
         f.now,
         f.volumes,
         f.nodes,
@@ -796,6 +1087,9 @@ pub fn check(case: &Case) -> Result<(), String> {
         &f.settings,
     )
     .map_err(|e| format!("{}: {e}", case.name))?;
+    if let Some(p) = f.presence {
+        w = w.with_presence(p);
+    }
     compare(case, decide_lines(&w, &case.target)?)
 }
 
@@ -850,7 +1144,10 @@ pub async fn load_into(store: &dyn Store, f: &Fixture) -> Result<(), StoreError>
 /// Run a case on a world loaded from `store` after writing the case's objects into it.
 pub async fn check_on_store(case: &Case, store: &dyn Store) -> Result<(), CaseError> {
     load_into(store, &case.fixture).await?;
-    let w = World::load(store, case.fixture.now).await?;
+    let mut w = World::load(store, case.fixture.now).await?;
+    if let Some(p) = case.fixture.presence.clone() {
+        w = w.with_presence(p);
+    }
     let got = decide_lines(&w, &case.target).map_err(CaseError::Mismatch)?;
     compare(case, got).map_err(CaseError::Mismatch)
 }

@@ -4,13 +4,23 @@
 //! [`Store`] backend), runs the pure `decide` functions over it, and applies their actions.
 //! Tests build a world directly from objects ([`World::from_objects`]) — or write the same
 //! objects into a real store and load it — and check the actions.
+//!
+//! Whether a node is up is its [`Presence`]: by default what its `Ready` condition says
+//! (heartbeats, one host); in a cluster, what its Lease says, given with
+//! [`World::with_presence`]. Every decision asks [`World::node_ready`] and
+//! [`World::node_down_for`], never the condition directly, and the scheduler sees the nodes
+//! with `Ready` as presence says ([`World::nodes_as_present`]).
 
 use std::time::{Duration, SystemTime};
 
-use zebu_types::resources::{Engine, Node, Replica, Setting, Volume, condition};
+use zebu_types::resources::{
+    ConditionStatus, Engine, Node, Replica, Setting, Volume, condition, set_condition_at,
+};
 use zebu_types::settings::{SettingError, Settings};
 use zebu_types::store::{StoreError, TypedStore};
 use zebu_types::{Store, time};
+
+use crate::presence::{self, Presence, PresenceMap, PresenceSource};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorldError {
@@ -30,20 +40,33 @@ pub struct World {
     pub replicas: Vec<Replica>,
     pub engines: Vec<Engine>,
     pub settings: Settings,
+    /// Whether each node's manager is there.
+    pub presence: PresenceMap,
+    pub presence_source: PresenceSource,
 }
 
 impl World {
     /// Read every kind the controllers look at from `store`.
     pub async fn load(store: &dyn Store, now: SystemTime) -> Result<World, WorldError> {
         let settings = Settings::from_objects(&store.list_as::<Setting>().await?)?;
+        let nodes: Vec<Node> = store.list_as().await?;
         Ok(World {
             now,
             volumes: store.list_as().await?,
-            nodes: store.list_as().await?,
+            presence: presence::from_conditions(&nodes),
+            presence_source: PresenceSource::Heartbeats,
+            nodes,
             replicas: store.list_as().await?,
             engines: store.list_as().await?,
             settings,
         })
+    }
+
+    /// The same world with presence from Leases instead of the nodes' conditions.
+    pub fn with_presence(mut self, presence: PresenceMap) -> World {
+        self.presence = presence;
+        self.presence_source = PresenceSource::Leases;
+        self
     }
 
     /// A world from objects as a test writes them: sorted by name, as a store lists them,
@@ -72,6 +95,8 @@ impl World {
         Ok(World {
             now,
             volumes,
+            presence: presence::from_conditions(&nodes),
+            presence_source: PresenceSource::Heartbeats,
             nodes,
             replicas,
             engines,
@@ -83,8 +108,53 @@ impl World {
         self.nodes.iter().find(|n| n.metadata.name == name)
     }
 
+    /// Whether `name` is a node whose manager is there.
     pub fn node_ready(&self, name: &str) -> bool {
-        self.node(name).is_some_and(Node::is_ready)
+        self.node(name).is_some() && self.presence_of(name).is_up()
+    }
+
+    pub fn presence_of(&self, name: &str) -> Presence {
+        self.presence
+            .get(name)
+            .copied()
+            .unwrap_or(Presence::Down { since: None })
+    }
+
+    /// The nodes whose managers are there, by name.
+    pub fn live_nodes(&self) -> impl Iterator<Item = &str> {
+        self.nodes
+            .iter()
+            .map(|n| n.metadata.name.as_str())
+            .filter(|n| self.presence_of(n).is_up())
+    }
+
+    /// The nodes with `Ready` as presence says, for the scheduler: with Leases, a node whose
+    /// Lease expired takes no replica even before the node controller has written that.
+    pub fn nodes_as_present(&self) -> Vec<Node> {
+        let now = self.now_rfc3339();
+        self.nodes
+            .iter()
+            .map(|n| {
+                let mut n = n.clone();
+                let up = self.presence_of(&n.metadata.name).is_up();
+                if up != n.is_ready() {
+                    let status = if up {
+                        ConditionStatus::True
+                    } else {
+                        ConditionStatus::False
+                    };
+                    set_condition_at(
+                        &mut n.status.conditions,
+                        condition::READY,
+                        status,
+                        "",
+                        "",
+                        &now,
+                    );
+                }
+                n
+            })
+            .collect()
     }
 
     pub fn volume(&self, name: &str) -> Option<&Volume> {
@@ -112,20 +182,13 @@ impl World {
     /// How long a node has been not Ready; `Some(MAX)` when it does not exist, `None` while
     /// it is Ready (or when it cannot say since when).
     pub fn node_down_for(&self, name: &str) -> Option<Duration> {
-        let Some(n) = self.node(name) else {
+        if self.node(name).is_none() {
             return Some(Duration::MAX);
-        };
-        if n.is_ready() {
-            return None;
         }
-        let since = n
-            .status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == condition::READY)
-            .and_then(|c| c.last_transition_time.as_deref())
-            .and_then(time::parse_rfc3339)?;
-        self.now.duration_since(since).ok()
+        match self.presence_of(name) {
+            Presence::Up | Presence::Down { since: None } => None,
+            Presence::Down { since: Some(t) } => self.now.duration_since(t).ok(),
+        }
     }
 
     /// `now` as the store writes times.

@@ -86,6 +86,10 @@ pub struct UpArgs {
     /// The size `--volume` is created with.
     #[arg(long, default_value = "10G", value_name = "SIZE")]
     pub volume_size: ByteSize,
+    /// Have the `zebu-instance-manager` serving this socket start the engine and replica
+    /// processes, instead of starting them as children of `zebu up`.
+    #[arg(long, value_name = "SOCKET")]
+    pub instance_manager: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

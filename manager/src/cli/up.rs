@@ -180,6 +180,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
                 )]),
                 heartbeat: Duration::from_secs(2),
                 log_dir: data_dir.join(&name).join("logs"),
+                instance_manager: args.instance_manager.clone(),
             }
         })
         .collect();

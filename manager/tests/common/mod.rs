@@ -31,6 +31,11 @@ pub struct Up {
 /// `zebu up --nodes N` on `dir` with extra `--setting`s. Its stdout is read
 /// for the API address and then closed: `zebu up` must survive that.
 pub fn start_up(dir: &Path, nodes: u8, settings: &[&str]) -> Up {
+    start_up_with(dir, nodes, settings, &[])
+}
+
+/// [`start_up`] with more arguments for `zebu up`.
+pub fn start_up_with(dir: &Path, nodes: u8, settings: &[&str], extra: &[&str]) -> Up {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -47,6 +52,7 @@ pub fn start_up(dir: &Path, nodes: u8, settings: &[&str]) -> Up {
     for s in settings {
         cmd.args(["--setting", s]);
     }
+    cmd.args(extra);
     let mut child = cmd
         .arg("--data-dir")
         .arg(dir)

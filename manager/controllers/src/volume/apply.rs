@@ -20,7 +20,7 @@ use zebu_types::store::{StoreError, TypedStore};
 use zebu_types::{Kind, Store};
 
 use super::Action;
-use crate::World;
+use crate::{World, engine_status};
 
 /// How long to wait between two `ReplicaAdd`s of one address.
 const HEAL_BACKOFF: Duration = Duration::from_secs(2);
@@ -247,6 +247,12 @@ impl VolumeApplier {
                     }
                     Next::Go
                 }
+                Action::ObserveEngine { engine, control } => {
+                    self.observe_engine(&name, &engine, &control)
+                        .await
+                        .map_err(err)?;
+                    Next::Go
+                }
                 Action::ReplicaRemove { control, address } => {
                     match engine_rpc::replica_remove(&control, &address).await {
                         Ok(_) => tracing::info!(volume = %name, %address,
@@ -258,6 +264,54 @@ impl VolumeApplier {
             };
             if matches!(next, Next::Stop) {
                 break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ask an engine whose node has no manager how it is, and write that into its status
+    /// (see [`crate::engine_status`]); its pid and endpoints stay as its agent wrote them.
+    async fn observe_engine(
+        &self,
+        volume: &str,
+        engine: &str,
+        control: &str,
+    ) -> Result<(), StoreError> {
+        let info = engine_rpc::info(control).await;
+        let rebuild = match &info {
+            Ok(_) => engine_rpc::rebuild_status(control).await.ok(),
+            Err(_) => None,
+        };
+        // Read after the engine answered; see `fold_info`.
+        let replicas: Vec<Replica> = self.store.list_as().await?;
+        for _ in 0..5 {
+            let Some(mut e) = self.store.get_as::<Engine>(engine).await? else {
+                return Ok(());
+            };
+            let before = e.status.volume_state;
+            match &info {
+                Ok(i) => engine_status::fold_info(&mut e.status, volume, i, &replicas),
+                Err(why) => engine_status::fold_unreachable(&mut e.status, &why.to_string()),
+            }
+            if let Some(r) = rebuild
+                .as_ref()
+                .and_then(|r| engine_status::rebuild_progress(volume, r, &replicas))
+            {
+                e.status.rebuild = Some(r);
+            }
+            if e.status.volume_state != before {
+                tracing::info!(
+                    volume,
+                    engine,
+                    "engine observed by the volume's owner (its node has no manager): {before:?} -> {:?}",
+                    e.status.volume_state
+                );
+            }
+            match self.store.update_status_as(&e).await {
+                Ok(_) | Err(StoreError::NotFound { .. }) => return Ok(()),
+                // Its agent may be back and writing: read again.
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e),
             }
         }
         Ok(())

@@ -13,7 +13,10 @@
 //!    [`SUPERSEDED_LABEL`] and stops counting, so step 3 schedules a new one on another node
 //!    and the heal step adds it to the engine (a full rebuild). Only when the replacement is
 //!    RW in the engine (or, detached, running) is the old one deleted. The engine then drops
-//!    its address as one no Replica owns.
+//!    its address as one no Replica owns. A node "not Ready" is one whose *manager* is gone;
+//!    its processes may still run (they are supervised apart from the manager), so a replica
+//!    that the running engine reports RW or WO is not stale, wherever its node's manager
+//!    is.
 //! 3. **Schedule**: fewer live replicas than `numberOfReplicas` → place the missing ones
 //!    (the scheduler in `zebu-ops`) and create their Replica objects.
 //! 4. **Attach / detach**: `spec.nodeId` set and no engine → once the replicas run, create
@@ -22,7 +25,10 @@
 //! 5. **Heal** a running engine: a replica that runs but that the engine has as ERR (or not
 //!    at all) is added back (the engine catches it up or rebuilds it); addresses the engine
 //!    has that no replica owns are removed; Engine and Replica objects follow the size the
-//!    engine serves after an expansion.
+//!    engine serves after an expansion. While the engine's node has no manager (its Lease
+//!    expired; the engine keeps serving), the volume's owner observes the engine over its
+//!    control API instead of that node's agent ([`Action::ObserveEngine`]), so healing
+//!    goes on.
 //! 6. **Salvage**: an engine that refuses to start because no replica can be shown current,
 //!    or that is faulted (every replica failed) while every replica process runs, is started
 //!    again with `--salvage`.
@@ -113,6 +119,12 @@ pub enum Action {
         control: String,
         address: String,
     },
+    /// Read the engine's state over its control API and write it into its status: its
+    /// node's agent, which normally does, is gone.
+    ObserveEngine {
+        engine: String,
+        control: String,
+    },
 }
 
 impl fmt::Display for Action {
@@ -181,6 +193,7 @@ impl fmt::Display for Action {
                 was.map_or("absent", ReplicaMode::as_str)
             ),
             Action::ReplicaRemove { address, .. } => write!(f, "remove {address} from the engine"),
+            Action::ObserveEngine { engine, .. } => write!(f, "observe {engine}"),
         }
     }
 }
@@ -234,14 +247,27 @@ pub fn decide(w: &World, v: &Volume) -> Vec<Action> {
         actions.push(Action::AddFinalizer);
     }
 
-    // 2. Supersede replicas whose node has been gone too long.
+    // 2. Supersede replicas whose node has been gone too long (unless the engine still has
+    // them in sync: then only the node's manager is gone).
     let timeout = Duration::from_secs(v.spec.stale_replica_timeout);
+    let serving = engines
+        .iter()
+        .find(|e| !e.metadata.is_deleting() && e.status.state == EngineState::Running)
+        .filter(|e| e.status.volume_state.is_some());
+    let vouched = |r: &Replica| {
+        serving.is_some_and(|e| {
+            matches!(
+                e.status.replica_modes.get(&r.metadata.name),
+                Some(ReplicaMode::RW | ReplicaMode::WO)
+            )
+        })
+    };
     let mut live: Vec<&Replica> = Vec::new();
     let mut superseded: Vec<&Replica> = Vec::new();
     for r in mine.iter().filter(|r| !r.metadata.is_deleting()) {
         if r.metadata.labels.contains_key(SUPERSEDED_LABEL) {
             superseded.push(r);
-        } else if w.node_down_for(&r.spec.node) >= Some(timeout) {
+        } else if w.node_down_for(&r.spec.node) >= Some(timeout) && !vouched(r) {
             actions.push(Action::MarkSuperseded {
                 replica: r.metadata.name.clone(),
                 at: now.clone(),
@@ -276,9 +302,10 @@ pub fn decide(w: &World, v: &Volume) -> Vec<Action> {
     // 3. Schedule missing replicas.
     let missing = v.spec.number_of_replicas.saturating_sub(live.len() as u32);
     if missing > 0 {
+        let nodes = w.nodes_as_present();
         let placed = schedule(&ScheduleRequest {
             volume: v,
-            nodes: &w.nodes,
+            nodes: &nodes,
             replicas: &w.replicas,
             settings: &w.settings,
             count: missing,
@@ -328,6 +355,16 @@ pub fn decide(w: &World, v: &Volume) -> Vec<Action> {
 
     // 4. Attach / detach.
     actions.extend(stopping);
+    if let Some(e) = current
+        && e.status.state == EngineState::Running
+        && !w.node_ready(&e.spec.node)
+        && let Some(control) = e.status.control_address.clone()
+    {
+        actions.push(Action::ObserveEngine {
+            engine: e.metadata.name.clone(),
+            control,
+        });
+    }
     let running: BTreeMap<String, String> = live
         .iter()
         .filter(|r| r.status.state == ReplicaState::Running)

@@ -96,6 +96,12 @@ pub struct EngineStatus {
     /// The engine's own verdict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_state: Option<EngineVolumeState>,
+    /// The generation the running engine process presented to its replicas (its `Info`):
+    /// every engine start raises it and a replica refuses lower ones, so an older engine,
+    /// or one a stale owner started, is fenced off the data. The same value across
+    /// observations means the same engine process served throughout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_generation: Option<u64>,
     /// Why it is in `Error` (the engine's last words), or a rebuild's state.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,

@@ -150,6 +150,10 @@ pub struct VolumeStatus {
     /// (written by the restore controller).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<Box<super::VolumeRestoreStatus>>,
+    /// In a cluster: the node whose manager reconciles this volume now (one at a time; the
+    /// volume controller's ownership rules). Unset on one host, where one manager does all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_id: Option<String>,
 }
 
 pub(crate) fn is_zero(n: &i64) -> bool {

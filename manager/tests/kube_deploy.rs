@@ -1,0 +1,95 @@
+//! `deploy/`: the Helm chart, the plain manifests rendered from it, and what a real API
+//! server and a real manager's rights make of them.
+//!
+//! - `deploy/zebu.yaml` is exactly what `deploy/render.sh` renders from the chart (drift);
+//! - every rendered manifest passes `kubernetes-validate --strict`;
+//! - they apply to a real kube-apiserver with `kubectl apply --server-side` (the DaemonSets
+//!   start no pods there: no kubelet);
+//! - the rendered Role is enough for the Leases of a cluster of managers: three members
+//!   run as the `zebu-manager` user with only that Role (`kube_leases.rs` does the rest).
+
+use std::process::Command;
+
+mod k8s;
+use k8s::{Cluster, repo, tool};
+
+#[test]
+fn the_rendered_manifests_are_the_charts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("zebu.yaml");
+    let status = Command::new(repo().join("deploy/render.sh"))
+        .arg(&out)
+        .env("HELM", tool("helm"))
+        .status()
+        .expect("run deploy/render.sh");
+    assert!(status.success());
+    let want = std::fs::read_to_string(&out).expect("rendered");
+    let got = std::fs::read_to_string(repo().join("deploy/zebu.yaml")).expect("deploy/zebu.yaml");
+    assert!(
+        want == got,
+        "deploy/zebu.yaml drifted from deploy/chart: run deploy/render.sh and commit it"
+    );
+}
+
+#[test]
+fn every_rendered_manifest_passes_kubernetes_validate_strict() {
+    let manifests = repo().join("deploy/zebu.yaml");
+    let out = Command::new(tool("kubernetes-validate"))
+        .args(["--strict", "-k", "1.34.0"])
+        .arg(&manifests)
+        .output()
+        .expect("run kubernetes-validate");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    for kind in [
+        "namespace/zebu-system",
+        "serviceaccount/zebu-manager",
+        "role/zebu-manager",
+        "rolebinding/zebu-manager",
+        "service/zebu-manager",
+        "daemonset/zebu-manager",
+        "daemonset/zebu-instance-manager",
+        "storageclass/zebu",
+    ] {
+        assert!(
+            text.contains(&format!("passed for resource {kind}")),
+            "{kind}: {text}"
+        );
+    }
+}
+
+#[test]
+fn the_manifests_apply_server_side_to_a_real_api_server() {
+    let c = Cluster::ensure();
+    c.install();
+    // Applied again: server-side apply is idempotent, nothing conflicts.
+    c.install();
+    let ds = c.kubectl_ok(&["get", "daemonsets", "-n", "zebu-system", "-o", "name"]);
+    assert!(ds.contains("daemonset.apps/zebu-manager"), "{ds}");
+    assert!(ds.contains("daemonset.apps/zebu-instance-manager"), "{ds}");
+    let sc = c.kubectl_ok(&[
+        "get",
+        "storageclass",
+        "zebu",
+        "-o",
+        "jsonpath={.provisioner}",
+    ]);
+    assert_eq!(sc, "driver.zebu.io");
+    // The manager's user has exactly what the Role gives: Leases yes, Secrets no.
+    let can = |verb: &str, what: &str| {
+        let out = c.kubectl(
+            &c.manager(),
+            &["auth", "can-i", verb, what, "-n", "zebu-system"],
+        );
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    assert!(can("update", "leases.coordination.k8s.io"));
+    assert!(can("create", "leases.coordination.k8s.io"));
+    assert!(!can("delete", "leases.coordination.k8s.io"));
+    assert!(!can("get", "secrets"));
+    assert!(!can("list", "pods"));
+}
