@@ -38,7 +38,7 @@ pub async fn run(
         }
         Command::Volume(cmd) => volume(&ops, out, cmd).await,
         Command::Up(_) => bail!("zebu up runs on one host; leave out --kubeconfig"),
-        Command::Node(_) | Command::Snapshot(_) => {
+        Command::Node(_) | Command::Snapshot(_) | Command::Backup(_) => {
             bail!("this command is not available with --kubeconfig yet; use --api with a manager")
         }
     }
@@ -51,7 +51,16 @@ async fn volume(ops: &Ops, out: Output, cmd: VolumeCmd) -> anyhow::Result<()> {
             size,
             replicas,
             frontend,
+            from_backup,
         } => {
+            if from_backup.is_some() {
+                bail!(
+                    "--from-backup is not available with --kubeconfig yet; use --api with a manager"
+                )
+            }
+            let Some(size) = size else {
+                bail!("--size is required")
+            };
             let mut req = CreateVolume::new(name, size);
             req.number_of_replicas = replicas;
             req.frontend = frontend.map(Into::into);
@@ -74,7 +83,11 @@ async fn volume(ops: &Ops, out: Output, cmd: VolumeCmd) -> anyhow::Result<()> {
         } => {
             // The attached node's manager starts the engine; `kubectl get zv -w` or
             // `zebu --kubeconfig F volume get` shows when it serves.
-            let req = AttachVolume { node, maintenance };
+            let req = AttachVolume {
+                node,
+                maintenance,
+                frontend: None,
+            };
             render::one(
                 out,
                 &ops.attach_volume(&name, req).await?,
