@@ -188,7 +188,8 @@ impl Ops {
         }
         // The volume controller drops this once the engine and replicas are gone.
         volume.metadata.finalizers.push(VOLUME_FINALIZER.into());
-        volume.metadata.annotations = annotations;
+        // Added to, not replaced: the data-source and user annotations above stay.
+        volume.metadata.annotations.extend(annotations);
         let created = self.store.create_as(&volume).await?;
         tracing::info!(volume = %created.metadata.name, size = %size, replicas, "volume created");
         if req.data_source.is_some() {
