@@ -27,6 +27,7 @@
 //! ```
 
 mod cache;
+pub mod client;
 pub mod crd;
 mod errors;
 pub mod present;

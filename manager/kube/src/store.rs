@@ -146,7 +146,7 @@ impl KubeStore {
                 .await
                 .map_err(|e| config_error("finding a Kubernetes configuration", e))?,
         };
-        let client = kube::Client::try_from(config)
+        let client = crate::client::from_config(config)
             .map_err(|e| config_error("making a Kubernetes client", e))?;
         Ok(Self::new(client, namespace, options))
     }

@@ -32,7 +32,7 @@ pub async fn kube_client(
         }
         None => kube::Config::incluster().map_err(KubeConfigError::InCluster)?,
     };
-    kube::Client::try_from(config).map_err(KubeConfigError::Client)
+    zebu_kube_store::client::from_config(config).map_err(KubeConfigError::Client)
 }
 
 #[derive(Debug, thiserror::Error)]

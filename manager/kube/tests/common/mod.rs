@@ -105,7 +105,7 @@ impl Cluster {
             kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
                 .await
                 .expect("config");
-        kube::Client::try_from(config).expect("client")
+        zebu_kube_store::client::from_config(config).expect("client")
     }
 
     /// A new namespace named after `prefix`, this process and a counter.
