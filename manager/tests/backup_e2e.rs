@@ -20,7 +20,7 @@ mod common;
 mod store_fixtures;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -31,38 +31,7 @@ use store_fixtures::Moto;
 
 /// `zebu up` with the AWS variables of a moto server (or none).
 fn start_up_env(dir: &Path, nodes: u8, env: &[(&str, String)]) -> Up {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("up.log"))
-        .expect("log");
-    let mut cmd = Command::new(ZEBU);
-    cmd.args([
-        "up",
-        "--nodes",
-        &nodes.to_string(),
-        "--listen",
-        "127.0.0.1:0",
-    ]);
-    for s in FULL_DISK_OK {
-        cmd.args(["--setting", s]);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd
-        .arg("--data-dir")
-        .arg(dir)
-        .env(
-            "ZEBU_LOG",
-            "zebu_manager=info,zebu_ops=info,zebu_controllers=info,zebu_agent=info",
-        )
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .expect("spawn zebu up");
-    let api = first_line_api(&mut child);
-    Up::adopt(child, api, dir)
+    common::start_up_env(dir, nodes, FULL_DISK_OK, &[], env)
 }
 
 fn moto_env(m: &Moto) -> Vec<(&'static str, String)> {

@@ -36,6 +36,18 @@ pub fn start_up(dir: &Path, nodes: u8, settings: &[&str]) -> Up {
 
 /// [`start_up`] with more arguments for `zebu up`.
 pub fn start_up_with(dir: &Path, nodes: u8, settings: &[&str], extra: &[&str]) -> Up {
+    start_up_env(dir, nodes, settings, extra, &[])
+}
+
+/// [`start_up_with`] with variables added to `zebu up`'s environment.
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub fn start_up_env(
+    dir: &Path,
+    nodes: u8,
+    settings: &[&str],
+    extra: &[&str],
+    env: &[(&str, String)],
+) -> Up {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -53,6 +65,9 @@ pub fn start_up_with(dir: &Path, nodes: u8, settings: &[&str], extra: &[&str]) -
         cmd.args(["--setting", s]);
     }
     cmd.args(extra);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     let mut child = cmd
         .arg("--data-dir")
         .arg(dir)
