@@ -13,7 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The directory with `zebu`, `zebu-engine`, `zebu-replica` and `zebu-csi`.
+/// The directory with `zebu`, `zebu-engine`, `zebu-replica`, `zebu-backup-run` and
+/// `zebu-csi`.
 pub fn bin_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -43,6 +44,8 @@ pub fn bin_dir() -> PathBuf {
                 "zebu-replica",
                 "-p",
                 "zebu-csi",
+                "-p",
+                "zebu-backup",
                 "--bins",
             ])
             .status()
