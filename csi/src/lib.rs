@@ -5,8 +5,8 @@
 //!
 //! - [`identity`]: `driver.zebu.io`, its capabilities, and a Probe that is ready only when
 //!   the manager answers;
-//! - [`controller`] (`--controller`): volumes, publishing, snapshots, clones, expansion and
-//!   capacity, all through the manager's REST API (the typed client of `zebu-manager`), so
+//! - [`controller`] (`--controller`): volumes, publishing, snapshots, clones, restores
+//!   from backups (`fromBackup`), expansion and capacity, all through the manager's REST API (the typed client of `zebu-manager`), so
 //!   the same rules hold as for the `zebu` CLI, on `zebu up` and in a cluster alike;
 //! - [`node`] (`--node`): attaching a published volume on this host (iSCSI with `iscsiadm`,
 //!   or `nbdfuse` and a direct-I/O loop device: [`node::attach`]), making its filesystem
@@ -14,6 +14,12 @@
 //!
 //! [`names`] maps CSI names to Zebu names, [`params`] checks StorageClass parameters,
 //! [`caps`] the volume capabilities.
+//!
+//! Tests (`csi/tests/`): `sanity.rs` (csi-sanity v5.4.0 with real staging and mounts),
+//! `controller.rs` (bad input, snapshots, clones, expansion, block for block),
+//! `from_backup.rs` (`fromBackup` against a real backup target), `kube_e2e.rs` (the
+//! upstream sidecars on a real API server, from a PVC to deletion). Attach time:
+//! `benches/csi-attach-bench.sh`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), zebu_csi::ServeError> {

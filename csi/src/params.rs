@@ -8,7 +8,7 @@
 //! | `diskSelector`, `nodeSelector` | tags, comma-separated | its selectors |
 //! | `fsType` | `ext4`, `xfs` | the filesystem NodeStage makes (volume context) |
 //! | `mkfsParams` | extra `mkfs` arguments, space-separated | passed to mkfs (volume context) |
-//! | `fromBackup` | a backup URL | refused until backups exist (the seam for them) |
+//! | `fromBackup` | a backup's name (`zebu backup ls`) | the volume is a restore of it (the manager's `POST /v1/backups/{name}/restore`) |
 //! | `csi.storage.k8s.io/*` | anything | ignored (the provisioner's own metadata) |
 //!
 //! Anything else is refused with InvalidArgument naming the key, so a typo in a
@@ -55,6 +55,8 @@ pub struct Params {
     pub node_selector: Vec<String>,
     pub fs_type: Option<String>,
     pub mkfs_params: Option<String>,
+    /// Restore this backup into the new volume.
+    pub from_backup: Option<String>,
 }
 
 /// A parameter that cannot be used, with the key it is about.
@@ -153,10 +155,15 @@ impl Params {
                     p.mkfs_params = Some(v.to_string());
                 }
                 "fromBackup" => {
-                    return Err(err(
-                        key,
-                        "restoring from a backup needs the backup store, which this Zebu does not have yet",
-                    ));
+                    zebu_types::validate_object_name(v).map_err(|e| {
+                        err(
+                            key,
+                            format!(
+                                "{v:?} is not a backup name (as `zebu backup ls` lists them): {e}"
+                            ),
+                        )
+                    })?;
+                    p.from_backup = Some(v.to_string());
                 }
                 k if k.starts_with("csi.storage.k8s.io/") => {}
                 _ => {
@@ -177,6 +184,21 @@ impl Params {
         req.data_locality = self.data_locality;
         req.disk_selector = self.disk_selector.clone();
         req.node_selector = self.node_selector.clone();
+    }
+
+    /// The first parameter given that a restore from a backup cannot honour (it takes the
+    /// replica count only).
+    pub fn not_with_from_backup(&self) -> Option<&'static str> {
+        [
+            ("staleReplicaTimeout", self.stale_replica_timeout.is_some()),
+            ("dataLocality", self.data_locality.is_some()),
+            ("diskSelector", !self.disk_selector.is_empty()),
+            ("nodeSelector", !self.node_selector.is_empty()),
+            ("fsType", self.fs_type.is_some()),
+            ("mkfsParams", self.mkfs_params.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(k, given)| given.then_some(k))
     }
 
     /// What NodeStage needs, passed as the volume context.
@@ -215,8 +237,10 @@ mod tests {
             ("fsType", "xfs"),
             ("mkfsParams", "-m 0"),
             ("csi.storage.k8s.io/pvc/name", "data"),
+            ("fromBackup", "src-20261202-040000-ab12"),
         ])
         .expect("valid");
+        assert_eq!(p.from_backup.as_deref(), Some("src-20261202-040000-ab12"));
         assert_eq!(p.number_of_replicas, Some(2));
         assert_eq!(p.stale_replica_timeout, Some(30));
         assert_eq!(p.data_locality, Some(DataLocality::BestEffort));
@@ -237,7 +261,7 @@ mod tests {
             ("fsType", "btrfs", "not one of ext4, xfs"),
             ("mkfsParams", "-m 0; reboot", "only mkfs options"),
             ("diskSelector", "a b", "not a valid tag"),
-            ("fromBackup", "s3://b", "backup store"),
+            ("fromBackup", "s3://b", "not a backup name"),
         ] {
             let e = parse(&[(k, v)]).expect_err(k);
             assert_eq!(e.key, k);

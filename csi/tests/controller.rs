@@ -459,4 +459,18 @@ async fn snapshot_restore_clone_and_expand_keep_every_block() {
     common::wait_for("every replica directory to be removed", 90, || {
         e.up.replica_dirs().is_empty()
     });
+    // And no process of theirs runs: not the engines the publishes started (the one of the
+    // volume made from the snapshot, on node-2, included), not a replica.
+    let t0 = std::time::Instant::now();
+    loop {
+        let left = e.up.processes();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "zebu processes left after every volume was deleted: {left:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -310,6 +310,17 @@ impl Client {
             .map(str::to_string))
     }
 
+    /// `POST /v1/backups/{backup}/restore`: a new volume that restores the backup (the
+    /// restore runs on; the volume's `status.restore` says when it is done).
+    pub async fn restore_backup(
+        &self,
+        backup: &str,
+        req: &zebu_types::requests::backup::RestoreBackup,
+    ) -> Result<Volume, ClientError> {
+        let path = format!("/v1/backups/{}/restore", segment(backup));
+        self.call(Method::POST, &path, Some(req)).await
+    }
+
     /// The Snapshot records of one volume, or of every volume.
     pub async fn list_snapshot_records(
         &self,

@@ -27,8 +27,10 @@ use zebu_manager::client::{Client, ClientError};
 use zebu_proto::csi;
 use zebu_proto::csi::controller_service_capability::rpc::Type as Cap;
 use zebu_proto::csi::volume_content_source::Type as Source;
+use zebu_types::names::FROM_BACKUP_ANNOTATION;
+use zebu_types::requests::backup::RestoreBackup;
 use zebu_types::requests::{AttachVolume, CreateSnapshot, CreateVolume, DataSource, ExpandVolume};
-use zebu_types::resources::{Frontend, Volume, VolumeState};
+use zebu_types::resources::{Frontend, RestoreState, Volume, VolumeState};
 use zebu_types::size::ByteSize;
 
 use crate::caps;
@@ -134,6 +136,38 @@ impl ControllerService {
         }
     }
 
+    /// Wait for a volume's restore from its backup; `Aborted` while it runs.
+    async fn wait_restored(&self, volume: &str) -> Result<Volume, Status> {
+        let state = |v: &Volume| v.status.restore.as_ref().map(|r| r.state);
+        let (_, v) = self
+            .wait(volume, |v| {
+                matches!(
+                    state(v),
+                    Some(RestoreState::Completed | RestoreState::Error)
+                )
+            })
+            .await?;
+        let Some(v) = v else {
+            return Err(Status::aborted(format!(
+                "volume {volume} is gone; try again"
+            )));
+        };
+        match v.status.restore.as_ref() {
+            Some(r) if r.state == RestoreState::Completed => Ok(v),
+            Some(r) if r.state == RestoreState::Error => Err(Status::internal(format!(
+                "volume {volume}: the restore of backup {} failed: {}; delete the volume",
+                r.backup, r.error
+            ))),
+            Some(r) => Err(Status::aborted(format!(
+                "volume {volume} is being restored from backup {} ({}%); try again",
+                r.backup, r.progress
+            ))),
+            None => Err(Status::aborted(format!(
+                "volume {volume} is waiting for its restore to start; try again"
+            ))),
+        }
+    }
+
     fn data_source(req: &csi::CreateVolumeRequest) -> Result<Option<DataSource>, Status> {
         let Some(src) = req
             .volume_content_source
@@ -197,6 +231,19 @@ impl csi::controller_server::Controller for ControllerService {
         }
         let size = size_for(req.capacity_range.as_ref())?;
         let source = Self::data_source(&req)?;
+        if let Some(backup) = &params.from_backup {
+            if source.is_some() {
+                return Err(Status::invalid_argument(format!(
+                    "StorageClass parameter \"fromBackup\" ({backup}) and a volume content source (a snapshot or a volume) cannot both give the new volume's data"
+                )));
+            }
+            // A restore takes the replica count only; the rest would be silently lost.
+            if let Some(key) = params.not_with_from_backup() {
+                return Err(Status::invalid_argument(format!(
+                    "StorageClass parameter {key:?} cannot be combined with \"fromBackup\" (a restore takes numberOfReplicas only)"
+                )));
+            }
+        }
         let volume = names::volume_name(&csi_name);
         let wanted_source = source
             .as_ref()
@@ -230,16 +277,56 @@ impl csi::controller_server::Controller for ControllerService {
                         data_source_of(&v).unwrap_or("none")
                     )));
                 }
+                let their_backup = v
+                    .metadata
+                    .annotations
+                    .get(FROM_BACKUP_ANNOTATION)
+                    .map(String::as_str);
+                if their_backup != params.from_backup.as_deref() {
+                    return Err(Status::already_exists(format!(
+                        "volume {csi_name:?} exists restored from {}, not from {}",
+                        their_backup.map_or("no backup".to_string(), |b| format!("backup {b}")),
+                        params
+                            .from_backup
+                            .as_deref()
+                            .map_or("no backup".to_string(), |b| format!("backup {b}"))
+                    )));
+                }
                 if v.metadata.is_deleting() {
                     return Err(Status::aborted(format!(
                         "volume {csi_name:?} is being deleted; try again"
                     )));
                 }
-                if has_source {
+                if their_backup.is_some() {
+                    self.wait_restored(&volume).await?
+                } else if has_source {
                     self.wait_populated(&volume).await?
                 } else {
                     v
                 }
+            }
+            None if params.from_backup.is_some() => {
+                let backup = params.from_backup.clone().unwrap_or_default();
+                let restore = RestoreBackup {
+                    volume: volume.clone(),
+                    size: Some(ByteSize(size).into()),
+                    number_of_replicas: params.number_of_replicas,
+                    frontend: None,
+                };
+                match self.client.restore_backup(&backup, &restore).await {
+                    Ok(_) => {}
+                    // A retry raced the first call: the volume is there now.
+                    Err(ClientError::Api { status, .. }) if status.as_u16() == 409 => {}
+                    Err(e) => return Err(api_status(e)),
+                }
+                tracing::info!(
+                    volume,
+                    csi_name,
+                    size,
+                    backup,
+                    "volume created to restore a backup"
+                );
+                self.wait_restored(&volume).await?
             }
             None => {
                 let mut create = CreateVolume::new(volume.clone(), ByteSize(size));

@@ -13,7 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The directory with `zebu`, `zebu-engine`, `zebu-replica` and `zebu-csi`.
+/// The directory with `zebu`, `zebu-engine`, `zebu-replica`, `zebu-backup-run` and
+/// `zebu-csi`.
 pub fn bin_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -43,6 +44,8 @@ pub fn bin_dir() -> PathBuf {
                 "zebu-replica",
                 "-p",
                 "zebu-csi",
+                "-p",
+                "zebu-backup",
                 "--bins",
             ])
             .status()
@@ -257,6 +260,45 @@ impl Up {
     }
 }
 
+impl Up {
+    /// The `zebu-engine` and `zebu-replica` processes of this `zebu up`, with their
+    /// command lines. A replica names its directory (under the data directory) on its
+    /// command line; an engine's command line names only its volume and addresses, which
+    /// another `zebu up` on this host may share, but its stdout goes to its node's log
+    /// directory under the data directory. Missing the engines here is how a failed test
+    /// used to leave the engine of whatever volume it had attached running.
+    pub fn processes(&self) -> Vec<(i32, String)> {
+        let mut found = Vec::new();
+        let dir = std::fs::canonicalize(&self.dir).unwrap_or_else(|_| self.dir.clone());
+        let Ok(procs) = std::fs::read_dir("/proc") else {
+            return found;
+        };
+        for p in procs.flatten() {
+            let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let raw = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+            let argv0 = raw.split(|b| *b == 0).next().unwrap_or_default();
+            let ours_binary = argv0.ends_with(b"/zebu-engine")
+                || argv0.ends_with(b"/zebu-replica")
+                || argv0 == b"zebu-engine"
+                || argv0 == b"zebu-replica";
+            if !ours_binary {
+                continue;
+            }
+            let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+            let stdout = std::fs::read_link(p.path().join("fd/1")).unwrap_or_default();
+            if cmdline.contains(dir.to_string_lossy().as_ref())
+                || cmdline.contains(self.dir.to_string_lossy().as_ref())
+                || stdout.starts_with(&dir)
+            {
+                found.push((pid, cmdline.trim().to_string()));
+            }
+        }
+        found
+    }
+}
+
 impl Drop for Up {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -264,22 +306,10 @@ impl Drop for Up {
             let _ = c.wait();
         }
         // The data plane outlives a killed manager on purpose; a test must not leak it.
-        let needle = self.dir.to_string_lossy().into_owned();
-        if let Ok(procs) = std::fs::read_dir("/proc") {
-            for p in procs.flatten() {
-                let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-                    continue;
-                };
-                let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
-                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-                let ours = cmdline.contains(&needle)
-                    && (cmdline.contains("zebu-engine") || cmdline.contains("zebu-replica"));
-                if ours {
-                    // SAFETY: kill(2) with a pid read from /proc; at worst it is gone.
-                    unsafe {
-                        libc::kill(pid, libc::SIGKILL);
-                    }
-                }
+        for (pid, _) in self.processes() {
+            // SAFETY: kill(2) with a pid read from /proc; at worst it is gone.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
             }
         }
     }
