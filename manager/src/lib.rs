@@ -10,7 +10,7 @@
 //! | `zebu-controllers` (`manager/controllers`) | one controller per kind: pure decisions plus a thin apply |
 //! | `zebu-agent` (`manager/agent`) | the node agent: engine and replica processes on its node |
 //! | `zebu-api` (`manager/api`) | the REST API over ops |
-//! | this crate | the `zebu` CLI ([`cli`]) over a typed REST [`client`], `zebu up`'s node agents ([`standalone`]), a cluster member's Leases ([`cluster`]) |
+//! | this crate | the `zebu` CLI ([`cli`]) over a typed REST [`client`], `zebu up`'s node agents ([`standalone`]), a cluster member's Leases ([`cluster`]) and `zebu manager`, one node's manager in a cluster ([`cli::manager`]) |
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), zebu_manager::client::ClientError> {

@@ -2,6 +2,8 @@
 //! server and a real manager's rights make of them.
 //!
 //! - `deploy/zebu.yaml` is exactly what `deploy/render.sh` renders from the chart (drift);
+//! - the chart's CRDs are deploy/crds itself (`deploy/chart/crds` is a link to it, so the
+//!   generated CRDs, whose drift `zebu-kube-store` checks, are the ones Helm installs);
 //! - every rendered manifest passes `kubernetes-validate --strict`;
 //! - they apply to a real kube-apiserver with `kubectl apply --server-side` (the DaemonSets
 //!   start no pods there: no kubelet);
@@ -29,6 +31,24 @@ fn the_rendered_manifests_are_the_charts() {
         want == got,
         "deploy/zebu.yaml drifted from deploy/chart: run deploy/render.sh and commit it"
     );
+}
+
+#[test]
+fn the_charts_crds_are_deploy_crds() {
+    let chart = std::fs::canonicalize(repo().join("deploy/chart/crds")).expect("chart/crds");
+    let crds = std::fs::canonicalize(repo().join("deploy/crds")).expect("deploy/crds");
+    assert_eq!(
+        chart, crds,
+        "deploy/chart/crds must be a link to deploy/crds"
+    );
+    let rendered = std::fs::read_to_string(repo().join("deploy/zebu.yaml")).expect("zebu.yaml");
+    for e in std::fs::read_dir(&crds).expect("deploy/crds").flatten() {
+        let name = e.file_name().to_string_lossy().replace(".yaml", "");
+        assert!(
+            rendered.contains(&format!("  name: {name}\n")),
+            "deploy/zebu.yaml lacks the CRD {name}"
+        );
+    }
 }
 
 #[test]

@@ -919,6 +919,12 @@ fn cluster_cases() -> Vec<Case> {
             &["claim"],
         ),
         case(
+            "an owner whose Lease this manager has not read yet (it started after the last read) is not taken from",
+            with_leases(attached_owned("node-2"), leases(&[(1, None)])),
+            owner("node-1"),
+            &["leave (owner node-2)"],
+        ),
+        case(
             "a volume owned by a node that no longer exists is claimed",
             with_leases(attached_owned("node-9"), all_up.clone()),
             owner("node-1"),
@@ -982,7 +988,33 @@ fn cluster_cases() -> Vec<Case> {
                 "status creating unknown Scheduled=True",
             ],
         ),
+        case(
+            "replicas on nodes whose Lease and Node this manager has not read yet stay (its caches lag)",
+            with_leases(
+                fixture(
+                    vec![owned_by(vol(3, Some("node-1")), "node-1")],
+                    nodes(1),
+                    three_running(),
+                    vec![],
+                ),
+                leases(&[(1, None)]),
+            ),
+            v.clone(),
+            &[
+                "create engine on node-1 with v-r-1 v-r-2 v-r-3",
+                "status attaching healthy",
+            ],
+        ),
         // The node controller follows Leases.
+        case(
+            "a node whose Lease this manager has not read yet keeps its Ready",
+            with_leases(
+                fixture(vec![], nodes(2), vec![], vec![]),
+                leases(&[(1, None)]),
+            ),
+            Target::Node("node-2"),
+            &[],
+        ),
         case(
             "a node whose Lease expired is marked not ready",
             with_leases(

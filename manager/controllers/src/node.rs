@@ -44,9 +44,11 @@ impl fmt::Display for Action {
 pub fn decide(w: &World, n: &Node) -> Vec<Action> {
     if w.presence_source == PresenceSource::Leases {
         let up = w.presence_of(&n.metadata.name).is_up();
-        return match (up, n.is_ready()) {
-            (true, false) => vec![Action::MarkReady],
-            (false, true) => vec![Action::MarkNotReady {
+        // A node whose Lease this manager has not read yet keeps its Ready as it is.
+        let gone = w.manager_gone(&n.metadata.name);
+        return match (up, gone, n.is_ready()) {
+            (true, _, false) => vec![Action::MarkReady],
+            (false, true, true) => vec![Action::MarkNotReady {
                 message: format!("Lease zebu-node-{} expired", n.metadata.name),
             }],
             _ => vec![],

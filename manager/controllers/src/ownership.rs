@@ -16,7 +16,9 @@
 //!   managers without an instant where both drive it: the old one wrote its last action
 //!   before the hand-off write, the new one acts only after it.
 //! - **A gone owner is replaced.** When the recorded owner's manager is down (its Lease
-//!   expired) or there is none, the preferred node claims it. The old owner cannot be acting
+//!   expired, or it has neither Lease nor Node) or there is none, the preferred node claims
+//!   it. An owner whose Lease this manager has not read yet is not gone: it may have
+//!   started after the last read ([`World::manager_gone`]). The old owner cannot be acting
 //!   any more: a manager stops all volume work once it has not renewed its own Lease for the
 //!   renew deadline, which is shorter than the Lease duration others wait (see
 //!   `zebu manager`'s lease module).
@@ -123,7 +125,7 @@ pub fn decide(w: &World, v: &Volume, me: &str) -> OwnerAction {
             Some(p) if p != me => OwnerAction::HandOff { to: p.to_string() },
             _ => OwnerAction::Drive,
         },
-        Some(o) if w.node_ready(o) => OwnerAction::Leave {
+        Some(o) if !w.manager_gone(o) => OwnerAction::Leave {
             owner: Some(o.to_string()),
         },
         _ if want == Some(me) => OwnerAction::Claim {

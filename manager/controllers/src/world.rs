@@ -179,15 +179,30 @@ impl World {
         self.engines.iter().filter(move |e| e.spec.volume == volume)
     }
 
-    /// How long a node has been not Ready; `Some(MAX)` when it does not exist, `None` while
-    /// it is Ready (or when it cannot say since when).
+    /// Whether this pass knows `name`'s manager to be gone: its presence says so, or it has
+    /// no presence and no Node at all (a node that no longer exists). With Leases, a node
+    /// whose Node is read but whose Lease is not (yet) is not known to be gone: it may have
+    /// started after this manager last read the Leases.
+    pub fn manager_gone(&self, name: &str) -> bool {
+        match self.presence.get(name) {
+            Some(p) => !p.is_up(),
+            None => self.node(name).is_none(),
+        }
+    }
+
+    /// How long a node has been down; `None` while it is up or when this pass cannot say
+    /// since when. With heartbeats, a node that does not exist is down for ever
+    /// (`Some(MAX)`). With Leases only a Lease seen to run out counts: a node whose Lease or
+    /// Node this manager has not read yet may just have started (each kind's cache lags the
+    /// server on its own), and a replica superseded on such evidence would be rebuilt for
+    /// nothing.
     pub fn node_down_for(&self, name: &str) -> Option<Duration> {
-        if self.node(name).is_none() {
+        if self.presence_source == PresenceSource::Heartbeats && self.node(name).is_none() {
             return Some(Duration::MAX);
         }
-        match self.presence_of(name) {
-            Presence::Up | Presence::Down { since: None } => None,
-            Presence::Down { since: Some(t) } => self.now.duration_since(t).ok(),
+        match self.presence.get(name).copied() {
+            None | Some(Presence::Up | Presence::Down { since: None }) => None,
+            Some(Presence::Down { since: Some(t) }) => self.now.duration_since(t).ok(),
         }
     }
 

@@ -13,7 +13,11 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ZEBU_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // kube's client logs every failed request as an error of its own; the
+                // caller reports the same failure, with what it was doing, once.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,kube_client::client::builder=off")
+                }),
         )
         .init();
     let runtime = match tokio::runtime::Runtime::new() {

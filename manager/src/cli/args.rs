@@ -2,7 +2,7 @@
 //! be without the cluster (sizes, counts, timeouts within range), so a typo is exit code 2
 //! before any request.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -48,6 +48,10 @@ pub enum Output {
 pub enum Command {
     /// Run the manager API and N node agents on this host, in the foreground.
     Up(UpArgs),
+    /// Run one node's manager in a Kubernetes cluster (its Leases, the controllers, the
+    /// node agent and the REST API), in the foreground; `--kubeconfig FILE`, or in a pod
+    /// the service account's in-cluster config.
+    Manager(ManagerArgs),
     /// Nodes.
     #[command(subcommand)]
     Node(NodeCmd),
@@ -90,6 +94,43 @@ pub struct UpArgs {
     /// processes, instead of starting them as children of `zebu up`.
     #[arg(long, value_name = "SOCKET")]
     pub instance_manager: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ManagerArgs {
+    /// This node's name (in a pod: the Kubernetes node's). Its Lease is `zebu-node-NAME`.
+    #[arg(long, value_name = "NAME", value_parser = node_name)]
+    pub node: String,
+    /// This node's address: its replicas and engines listen there, and the other nodes
+    /// reach them there.
+    #[arg(long, value_name = "IP")]
+    pub address: IpAddr,
+    /// Where this node's replicas keep their data and its processes their logs.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: PathBuf,
+    /// Where the REST API listens (default: the node's address, port 9500; port 0 picks a
+    /// free one).
+    #[arg(long, value_name = "IP:PORT")]
+    pub listen: Option<SocketAddr>,
+    /// Have the `zebu-instance-manager` serving this socket start the engine and replica
+    /// processes (the chart's layout), instead of starting them as this process's children.
+    #[arg(long, value_name = "SOCKET")]
+    pub instance_manager: Option<PathBuf>,
+}
+
+/// The longest node name whose Lease name (`zebu-node-NAME`) is still a valid object name.
+const MAX_NODE_NAME: usize = 253 - "zebu-node-".len();
+
+/// A node name: a DNS-1123 subdomain (what Kubernetes names nodes with) short enough to
+/// name its Lease.
+fn node_name(s: &str) -> Result<String, String> {
+    zebu_types::meta::validate_object_name(s).map_err(|e| e.to_string())?;
+    if s.len() > MAX_NODE_NAME {
+        return Err(format!(
+            "node name {s:?} is longer than {MAX_NODE_NAME} characters"
+        ));
+    }
+    Ok(s.to_string())
 }
 
 #[derive(Debug, Subcommand)]
@@ -278,5 +319,65 @@ mod tests {
         assert!(parse(&["zebu", "up", "--first-node-address", "127.0.0.300"]).is_err());
         assert!(parse(&["zebu", "snapshot", "revert", "v", "s1"]).is_ok());
         assert!(parse(&["zebu", "volume", "expand", "v", "--size", "2G"]).is_ok());
+    }
+
+    #[test]
+    fn manager_flags_are_checked_before_anything_starts() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(args)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        let good = [
+            "zebu",
+            "manager",
+            "--node",
+            "worker-1.example",
+            "--address",
+            "127.0.0.11",
+            "--data-dir",
+            "/tmp/x",
+        ];
+        assert!(parse(&good).is_ok());
+        let e = parse(&[
+            "zebu",
+            "manager",
+            "--node",
+            "Worker_1",
+            "--address",
+            "127.0.0.11",
+            "--data-dir",
+            "d",
+        ])
+        .expect_err("bad node name");
+        assert!(e.contains("\"Worker_1\" is not valid"), "{e}");
+        let e = parse(&[
+            "zebu",
+            "manager",
+            "--node",
+            "n1",
+            "--address",
+            "127.0.0.300",
+            "--data-dir",
+            "d",
+        ])
+        .expect_err("bad address");
+        assert!(e.contains("127.0.0.300"), "{e}");
+        let e =
+            parse(&["zebu", "manager", "--node", "n1", "--data-dir", "d"]).expect_err("no address");
+        assert!(e.contains("--address"), "{e}");
+        let long = "n".repeat(250);
+        let e = parse(&[
+            "zebu",
+            "manager",
+            "--node",
+            &long,
+            "--address",
+            "127.0.0.11",
+            "--data-dir",
+            "d",
+        ])
+        .expect_err("too long for its Lease");
+        assert!(e.contains("longer than 243"), "{e}");
     }
 }

@@ -38,6 +38,7 @@ pub async fn run(
         }
         Command::Volume(cmd) => volume(&ops, out, cmd).await,
         Command::Up(_) => bail!("zebu up runs on one host; leave out --kubeconfig"),
+        Command::Manager(_) => bail!("zebu manager is not a one-shot command"),
         Command::Node(_) | Command::Snapshot(_) | Command::Backup(_) => {
             bail!("this command is not available with --kubeconfig yet; use --api with a manager")
         }

@@ -7,6 +7,7 @@
 //! - [`up`]: `zebu up`;
 //! - [`backup`]: `zebu backup ...` and `zebu volume create --from-backup`.
 //! - [`kube`]: `--kubeconfig FILE`: the operations in-process over a cluster's resources.
+//! - [`manager`]: `zebu manager`: one node's manager in a Kubernetes cluster.
 //!
 //! Bad input gets one line on stderr and exit code 2 (argument errors) or 1 (the API refused
 //! or could not be reached); `-o json|yaml` prints the objects exactly as the API returns
@@ -18,6 +19,7 @@ pub mod args;
 pub mod backup;
 pub mod commands;
 pub mod kube;
+pub mod manager;
 pub mod render;
 pub mod up;
 
@@ -28,13 +30,20 @@ use crate::client::Client;
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let out = cli.output;
-    if let Some(kubeconfig) = &cli.kubeconfig {
+    // `zebu manager` is a long-running member of the cluster; the other commands with
+    // `--kubeconfig` are one-shot calls of the operations over it.
+    if let Some(kubeconfig) = &cli.kubeconfig
+        && !matches!(cli.command, Command::Manager(_))
+    {
         return kube::run(kubeconfig, &cli.namespace, out, cli.command).await;
     }
     // `zebu up` serves the API; every other command needs a valid address of one.
     let client = || Client::new(&cli.api);
     match cli.command {
         Command::Up(args) => up::up(args).await,
+        Command::Manager(args) => {
+            manager::manager(args, cli.kubeconfig.as_deref(), &cli.namespace).await
+        }
         Command::Node(cmd) => commands::node(&client()?, out, cmd).await,
         Command::Volume(cmd) => commands::volume(&client()?, out, cmd).await,
         Command::Snapshot(cmd) => commands::snapshot(&client()?, out, cmd).await,

@@ -1,6 +1,8 @@
 //! `coordination.k8s.io/v1` Leases: each node's presence, and the cluster singletons' holder.
 //!
-//! Two kinds of Lease, both in the `zebu-system` namespace:
+//! Two kinds of Lease, both in the namespace of the cluster's Zebu objects (`zebu-system`
+//! unless `zebu manager --namespace` says otherwise: two Zebu clusters in two namespaces of
+//! one Kubernetes cluster, as the tests run them, never see each other's Leases):
 //!
 //! - **Node Leases** `zebu-node-<name>`, held for good by that node's manager and renewed
 //!   every [`RENEW_INTERVAL`]. Another manager takes a node as down once the Lease has not
@@ -40,7 +42,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, ListParams, PostParams};
 
-/// The namespace of every Zebu Lease.
+/// The namespace of every Zebu Lease by default.
 pub const NAMESPACE: &str = "zebu-system";
 /// The Lease of the cluster singletons.
 pub const CLUSTER_LEASE: &str = "zebu-cluster";
@@ -147,6 +149,7 @@ pub enum LeaseError {
 /// The Lease reads and writes of one manager, remembering when it saw each Lease change.
 pub struct LeaseClient {
     api: Api<Lease>,
+    namespace: String,
     /// Lease name -> (resourceVersion, first seen at it).
     versions: BTreeMap<String, (String, Instant)>,
 }
@@ -178,9 +181,16 @@ fn micro_now() -> Option<MicroTime> {
 }
 
 impl LeaseClient {
+    /// The Leases in [`NAMESPACE`].
     pub fn new(client: kube::Client) -> Self {
+        Self::in_namespace(client, NAMESPACE)
+    }
+
+    /// The Leases in `namespace`.
+    pub fn in_namespace(client: kube::Client, namespace: &str) -> Self {
         LeaseClient {
-            api: Api::namespaced(client, NAMESPACE),
+            api: Api::namespaced(client, namespace),
+            namespace: namespace.to_string(),
             versions: BTreeMap::new(),
         }
     }
@@ -250,7 +260,7 @@ impl LeaseClient {
                 let lease = Lease {
                     metadata: ObjectMeta {
                         name: Some(name.to_string()),
-                        namespace: Some(NAMESPACE.to_string()),
+                        namespace: Some(self.namespace.clone()),
                         labels: Some(
                             [("app.kubernetes.io/part-of".to_string(), "zebu".to_string())].into(),
                         ),

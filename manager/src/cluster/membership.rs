@@ -33,6 +33,8 @@ pub struct LeaseMembership {
     /// The Lease of the cluster singletons ([`CLUSTER_LEASE`]; tests that share an API
     /// server use their own).
     cluster_lease: String,
+    /// The namespace of the Leases.
+    namespace: String,
     state: Mutex<State>,
 }
 
@@ -43,9 +45,15 @@ impl LeaseMembership {
 
     /// A member contending for the cluster singletons under `cluster_lease`.
     pub fn with_cluster_lease(node: String, cluster_lease: String) -> Arc<Self> {
+        Self::in_namespace(node, lease::NAMESPACE, cluster_lease)
+    }
+
+    /// A member whose Leases live in `namespace` (that of the Zebu objects it manages).
+    pub fn in_namespace(node: String, namespace: &str, cluster_lease: String) -> Arc<Self> {
         Arc::new(LeaseMembership {
             node,
             cluster_lease,
+            namespace: namespace.to_string(),
             state: Mutex::new(State::default()),
         })
     }
@@ -152,7 +160,7 @@ pub async fn run_leases(
     membership: Arc<LeaseMembership>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut leases = LeaseClient::new(client);
+    let mut leases = LeaseClient::in_namespace(client, &membership.namespace);
     loop {
         let result = tokio::time::timeout(RENEW_DEADLINE, round(&mut leases, &membership)).await;
         let error = match result {

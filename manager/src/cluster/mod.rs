@@ -16,35 +16,45 @@ pub use membership::{LeaseMembership, run_leases};
 pub async fn kube_client(
     kubeconfig: Option<&std::path::Path>,
 ) -> Result<kube::Client, KubeConfigError> {
-    let config = match kubeconfig {
+    client_from(kube_config(kubeconfig).await?)
+}
+
+/// The configuration [`kube_client`] connects with (its `cluster_url` names the server in
+/// messages).
+pub async fn kube_config(
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<kube::Config, KubeConfigError> {
+    match kubeconfig {
         Some(path) => {
-            let kc =
-                kube::config::Kubeconfig::read_from(path).map_err(|e| KubeConfigError::Read {
-                    path: path.to_path_buf(),
-                    source: e,
-                })?;
+            let read = |source| KubeConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            };
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(read)?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| KubeConfigError::Read {
-                    path: path.to_path_buf(),
-                    source: e,
-                })?
+                .map_err(read)
         }
-        None => kube::Config::incluster().map_err(KubeConfigError::InCluster)?,
-    };
+        None => kube::Config::incluster().map_err(KubeConfigError::InCluster),
+    }
+}
+
+/// A client over `config`.
+pub fn client_from(config: kube::Config) -> Result<kube::Client, KubeConfigError> {
     zebu_kube_store::client::from_config(config).map_err(KubeConfigError::Client)
 }
 
+/// Why there is no client; the causes are its `source()`s (the CLI prints the chain).
 #[derive(Debug, thiserror::Error)]
 pub enum KubeConfigError {
-    #[error("kubeconfig {path}: {source}")]
+    #[error("kubeconfig {path}")]
     Read {
         path: std::path::PathBuf,
         #[source]
         source: kube::config::KubeconfigError,
     },
-    #[error("no --kubeconfig and not in a pod: {0}")]
+    #[error("no --kubeconfig and not in a pod")]
     InCluster(#[source] kube::config::InClusterError),
-    #[error("Kubernetes client: {0}")]
+    #[error("Kubernetes client")]
     Client(#[source] kube::Error),
 }

@@ -101,8 +101,9 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// `kubectl apply --server-side` of deploy/zebu.yaml, then bind the `zebu-manager`
-    /// test user to the rendered Role, as the chart binds the managers' ServiceAccount.
+    /// `kubectl apply --server-side` of deploy/zebu.yaml (the CRDs with the rest; returns
+    /// once they are established), then bind the `zebu-manager` test user to the rendered
+    /// Role, as the chart binds the managers' ServiceAccount.
     pub fn install(&self) {
         let manifests = repo().join("deploy/zebu.yaml");
         self.kubectl_ok(&[
@@ -112,6 +113,19 @@ impl Cluster {
             "-f",
             manifests.to_str().expect("utf-8 path"),
         ]);
+        let crds: Vec<String> = std::fs::read_dir(repo().join("deploy/crds"))
+            .expect("deploy/crds")
+            .flatten()
+            .map(|e| {
+                format!(
+                    "crd/{}",
+                    e.file_name().to_string_lossy().replace(".yaml", "")
+                )
+            })
+            .collect();
+        let mut wait = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+        wait.extend(crds.iter().map(String::as_str));
+        self.kubectl_ok(&wait);
         let user = self.get("ZEBU_K8S_MANAGER_USER").to_string();
         let binding = format!(
             "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: zebu-manager-test-user\n  namespace: zebu-system\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: Role\n  name: zebu-manager\nsubjects:\n  - apiGroup: rbac.authorization.k8s.io\n    kind: User\n    name: {user}\n"
