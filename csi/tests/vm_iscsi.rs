@@ -226,12 +226,20 @@ async fn node_stage_publish_write_unstage_and_stage_again_with_the_real_initiato
     println!("published {id} at {portal}: {:?}", t0.elapsed());
 
     let (grpc, shell) = (free_port(), free_port());
-    let vm = boot_vm(dir.path(), &portal, grpc, shell);
+    let mut vm = boot_vm(dir.path(), &portal, grpc, shell);
     // The VM's plugin answers once the guest has booted (QEMU accepts on the forwarded port
     // before that, and the connection then fails).
     let mut node = None;
     let boot = Instant::now();
     while boot.elapsed() < Duration::from_secs(180) {
+        if let Ok(Some(status)) = vm.child.try_wait() {
+            panic!(
+                "the VM exited ({status}) before its zebu-csi answered; {}:\n{}\nconsole:\n{}",
+                dir.path().join("node-vm.log").display(),
+                std::fs::read_to_string(dir.path().join("node-vm.log")).unwrap_or_default(),
+                vm.console_tail()
+            );
+        }
         if let Ok(ch) =
             zebu_csi::connect(&Endpoint::Tcp(SocketAddr::from(([127, 0, 0, 1], grpc)))).await
         {

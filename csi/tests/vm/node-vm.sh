@@ -148,6 +148,8 @@ INIT
   cp "$work/k/boot/vmlinuz-$kver" "$dir/vmlinuz"
   mv "$work/initrd.gz" "$dir/initrd.gz"
   touch "$dir/ready"
+  # Entries of older kernels or of an older version of this script are never used again.
+  find "$CACHE_ROOT" -maxdepth 1 -name 'vm-iscsi-*' ! -path "$dir" -exec rm -rf {} +
   log "built $dir"
   echo "$dir"
 }
@@ -184,8 +186,10 @@ run() {
   { cat "$dir/initrd.gz"; head -c $(( (4 - size % 4) % 4 )) /dev/zero; cat "$extra/csi.cpio"; } \
     > "$extra/initrd"
   rm -rf "$extra/root" "$extra/csi.cpio"
+  # KVM when a kernel really boots under it (a nested hypervisor may offer /dev/kvm and
+  # hang); a working one reaches the panic below in about a second.
   local accel="-accel tcg,thread=multi -cpu max"
-  if [ -w /dev/kvm ] && timeout 10 qemu-system-x86_64 -accel kvm -cpu host -m 128 -display none \
+  if [ -w /dev/kvm ] && timeout 5 qemu-system-x86_64 -accel kvm -cpu host -m 128 -display none \
        -nodefaults -no-reboot -kernel "$dir/vmlinuz" -append "console=ttyS0 panic=-1 rdinit=/none" \
        -serial file:"$extra/probe.log" >/dev/null 2>&1 </dev/null || true; then
     grep -q "Linux version" "$extra/probe.log" 2>/dev/null && accel="-accel kvm -cpu host"
