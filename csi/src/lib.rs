@@ -18,7 +18,9 @@
 //! Tests (`csi/tests/`): `sanity.rs` (csi-sanity v5.4.0 with real staging and mounts),
 //! `controller.rs` (bad input, snapshots, clones, expansion, block for block),
 //! `from_backup.rs` (`fromBackup` against a real backup target), `kube_e2e.rs` (the
-//! upstream sidecars on a real API server, from a PVC to deletion). Attach time:
+//! upstream sidecars on a real API server, from a PVC to deletion), `vm_iscsi.rs` (the node
+//! service with the real Linux iSCSI initiator, `iscsiadm` and `iscsid` in a QEMU VM:
+//! stage, publish, write, unstage, stage again). Attach time:
 //! `benches/csi-attach-bench.sh`.
 //!
 //! ```no_run
