@@ -217,25 +217,27 @@ mod tests {
             },
         );
         v.metadata.creation_timestamp = Some(format_rfc3339(created));
-        v.status.last_scrub = last_started.map(|t| Box::new(ScrubReport {
-            state: ScrubState::Failed,
-            started: format_rfc3339(t),
-            finished: None,
-            started_unix_ms: 0,
-            bytes_scanned: 0,
-            bytes_total: 0,
-            blocks_checked: 0,
-            bytes_per_second: 0,
-            rate_limit: 0,
-            mismatches: 0,
-            repaired: 0,
-            unrecoverable: 0,
-            divergent: 0,
-            divergent_repaired: 0,
-            bytes_unverified: 0,
-            replicas: vec![],
-            error: "replica went away".into(),
-        }));
+        v.status.last_scrub = last_started.map(|t| {
+            Box::new(ScrubReport {
+                state: ScrubState::Failed,
+                started: format_rfc3339(t),
+                finished: None,
+                started_unix_ms: 0,
+                bytes_scanned: 0,
+                bytes_total: 0,
+                blocks_checked: 0,
+                bytes_per_second: 0,
+                rate_limit: 0,
+                mismatches: 0,
+                repaired: 0,
+                unrecoverable: 0,
+                divergent: 0,
+                divergent_repaired: 0,
+                bytes_unverified: 0,
+                replicas: vec![],
+                error: "replica went away".into(),
+            })
+        });
         v
     }
 
