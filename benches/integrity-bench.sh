@@ -19,8 +19,10 @@
 #   rw4k-qd32   4 KiB random write, iodepth 32   -> IOPS
 #   rr4k-qd32   4 KiB random read,  iodepth 32   -> IOPS
 #   sw1m-qd8    1 MiB sequential write, iodepth 8 -> MiB/s
-# For each row: the median over the rounds per variant, on/off, and the CPU seconds the
-# engine and replicas used per GiB moved (utime+stime from /proc). Goal (issue 17): on is at
+# For each row: the median over the rounds per variant, on/off, the ratio of each round's
+# pair (its on and off were measured back to back, so the pair shares the machine's load of
+# that minute) with their spread (min-max), and the CPU seconds the engine and replicas used
+# per GiB moved (utime+stime from /proc). Goal (issue 17): on is at
 # most 10 % lower than off on every row, printed PASS or FAIL. The engine, replicas and fio
 # share this machine's CPUs, as in benches/nbd-bench.sh: compare the two variants of one run,
 # not runs of different days.
@@ -158,7 +160,7 @@ out, load_start, load_end, size, runtime, rounds = sys.argv[2:8]
 def metric(r):
     return r["mib_s"] if r["row"].startswith("s") else r["iops"]
 summary, goals = [], []
-print(f'{"row":<10} {"unit":<6} {"on":>9} {"off":>9} {"on/off":>7} {"CPU s/GiB on":>13} {"off":>6}   every round (on | off)')
+print(f'{"row":<10} {"unit":<6} {"on":>9} {"off":>9} {"on/off":>7} {"CPU s/GiB on":>13} {"off":>6}   every round (on | off)   pair ratios (min-max)')
 for name in ("rw4k-qd32", "rr4k-qd32", "sw1m-qd8"):
     by = {v: [r for r in rows if r["row"] == name and r["variant"] == v] for v in ("on", "off")}
     if not by["on"] or not by["off"]:
@@ -169,10 +171,16 @@ for name in ("rw4k-qd32", "rr4k-qd32", "sw1m-qd8"):
     unit = "MiB/s" if name.startswith("s") else "IOPS"
     every = " ".join(f'{metric(r):.0f}' for r in by["on"]) + " | " + \
         " ".join(f'{metric(r):.0f}' for r in by["off"])
+    off_of = {r["round"]: metric(r) for r in by["off"]}
+    pairs = [metric(r) / off_of[r["round"]] for r in sorted(by["on"], key=lambda r: r["round"])
+             if off_of.get(r["round"])]
+    spread = f'{min(pairs):.3f}-{max(pairs):.3f}' if pairs else "-"
     print(f'{name:<10} {unit:<6} {med["on"]:>9.0f} {med["off"]:>9.0f} {ratio:>7.3f} '
-          f'{cpu["on"]:>13.2f} {cpu["off"]:>6.2f}   {every}')
+          f'{cpu["on"]:>13.2f} {cpu["off"]:>6.2f}   {every}   '
+          + " ".join(f'{p:.3f}' for p in pairs) + f' ({spread})')
     summary.append({"row": name, "unit": unit, "on": med["on"], "off": med["off"],
-                    "ratio": ratio, "cpu_s_per_gib_on": cpu["on"], "cpu_s_per_gib_off": cpu["off"]})
+                    "ratio": ratio, "pair_ratios": pairs,
+                    "cpu_s_per_gib_on": cpu["on"], "cpu_s_per_gib_off": cpu["off"]})
     goals.append({"goal": f"{name}: checksums on >= 0.90 x off", "ratio": ratio,
                   "pass": ratio >= 0.90})
 print()

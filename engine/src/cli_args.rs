@@ -2,39 +2,13 @@
 
 /// Parses a size like [`parse_bytes`] and refuses zero.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    match parse_bytes(s)? {
-        0 => Err(format!("invalid size '{s}': must be more than zero")),
-        v => Ok(v),
-    }
+    zebu_size::parse_nonzero(s).map_err(|e| e.to_string())
 }
 
-/// Parses `0`, `4096`, `512M`, `10G`, `1T`, `2GiB` (binary units, case-insensitive).
+/// Parses `0`, `4096`, `512M`, `10G`, `1T`, `2GiB` (binary units, any case): `zebu-size`, the
+/// one size parser of every Zebu program.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let fail = |why: &str| format!("invalid size '{s}': {why}");
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    if num.is_empty() {
-        return Err(fail(
-            "expected a number, optionally followed by K, M, G or T",
-        ));
-    }
-    let n: u64 = num.parse().map_err(|_| fail("number too large"))?;
-    let unit = unit.trim().to_ascii_uppercase();
-    let unit = unit
-        .strip_suffix("IB")
-        .or_else(|| unit.strip_suffix('B'))
-        .unwrap_or(&unit);
-    let shift = match unit {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        other => return Err(fail(&format!("unknown unit '{other}' (use K, M, G or T)"))),
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| fail("too large"))
+    zebu_size::parse(s).map_err(|e| e.to_string())
 }
 
 /// Parses `5s`, `500ms`, `2m`, or plain seconds.
@@ -74,7 +48,11 @@ mod tests {
         assert_eq!(parse_size("10G"), Ok(10 << 30));
         assert_eq!(parse_size("2GiB"), Ok(2 << 30));
         assert_eq!(parse_size("1t"), Ok(1 << 40));
-        assert!(parse_size("10Q").unwrap_err().contains("unknown unit 'Q'"));
+        assert!(
+            parse_size("10Q")
+                .unwrap_err()
+                .contains("unknown unit \"Q\"")
+        );
         assert!(parse_size("G").is_err());
         assert!(parse_size("0").is_err());
         assert_eq!(parse_bytes("0"), Ok(0));

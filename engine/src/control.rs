@@ -31,21 +31,28 @@ impl ControlService {
             .volume
             .replicas()
             .iter()
-            .map(|r| pb::ReplicaStatus {
-                address: r.addr.clone(),
-                id: r.id.clone(),
-                mode: r.mode().to_string(),
-                reason: r.reason(),
-                data_path: r.data_path().to_string(),
+            .map(|r| {
+                let mode = r.mode();
+                pb::ReplicaStatus {
+                    address: r.addr.clone(),
+                    id: r.id.clone(),
+                    mode: mode.to_string(),
+                    reason: r.reason(),
+                    data_path: r.data_path().to_string(),
+                    replica_mode: mode_to_pb(mode) as i32,
+                }
             })
             .collect();
-        let rw = replicas.iter().filter(|r| r.mode == "RW").count();
+        let rw = replicas
+            .iter()
+            .filter(|r| r.replica_mode() == pb::ReplicaMode::Rw)
+            .count();
         let state = if rw == 0 {
-            "faulted"
+            pb::VolumeState::Faulted
         } else if rw == replicas.len() {
-            "healthy"
+            pb::VolumeState::Healthy
         } else {
-            "degraded"
+            pb::VolumeState::Degraded
         };
         let integrity = self.volume.integrity();
         pb::VolumeInfo {
@@ -63,7 +70,8 @@ impl ControlService {
             flush_number: self.volume.flush_number(),
             replicas,
             frontends: self.frontends.clone(),
-            state: state.into(),
+            state: volume_state_word(state).into(),
+            volume_state: state as i32,
         }
     }
 
@@ -90,6 +98,40 @@ impl ControlService {
                 .collect(),
         })
     }
+}
+
+fn mode_to_pb(m: Mode) -> pb::ReplicaMode {
+    match m {
+        Mode::RW => pb::ReplicaMode::Rw,
+        Mode::WO => pb::ReplicaMode::Wo,
+        Mode::ERR => pb::ReplicaMode::Err,
+    }
+}
+
+/// `VolumeInfo.state`, the word managers before protocol 3 read.
+fn volume_state_word(s: pb::VolumeState) -> &'static str {
+    match s {
+        pb::VolumeState::Healthy => "healthy",
+        pb::VolumeState::Degraded => "degraded",
+        pb::VolumeState::Faulted | pb::VolumeState::Unspecified => "faulted",
+    }
+}
+
+/// The rebuild tracker's words (`rebuild.rs`) as the protocol's enums; the words are sent
+/// too, for managers before protocol 3.
+fn rebuild_to_pb(state: &str, kind: &str) -> (pb::RebuildState, pb::RebuildKind) {
+    let state = match state {
+        "running" => pb::RebuildState::Running,
+        "done" => pb::RebuildState::Done,
+        "failed" => pb::RebuildState::Failed,
+        _ => pb::RebuildState::Idle,
+    };
+    let kind = match kind {
+        _ if state == pb::RebuildState::Idle => pb::RebuildKind::Unspecified,
+        "catch-up" => pb::RebuildKind::CatchUp,
+        _ => pb::RebuildKind::Full,
+    };
+    (state, kind)
 }
 
 fn bad(e: String) -> Status {
@@ -224,6 +266,7 @@ impl Engine for ControlService {
         _: Request<pb::RebuildStatusRequest>,
     ) -> Result<Response<pb::RebuildStatusResponse>, Status> {
         let s = self.volume.rebuild_status();
+        let (rebuild_state, rebuild_kind) = rebuild_to_pb(&s.state, &s.kind);
         let state = if s.state.is_empty() {
             "idle".to_string()
         } else {
@@ -233,6 +276,8 @@ impl Engine for ControlService {
             replica: s.replica,
             state,
             kind: s.kind,
+            rebuild_state: rebuild_state as i32,
+            rebuild_kind: rebuild_kind as i32,
             bytes_done: s.bytes_done,
             bytes_total: s.bytes_total,
             bytes_copied: s.bytes_copied,

@@ -16,8 +16,9 @@ use serde_json::Value;
 use tokio::net::TcpStream;
 use zebu_types::requests::{
     AttachVolume, Capacity, CreateSnapshot, CreateVolume, ExpandVolume, Items, SnapshotInfo,
+    StartScrub,
 };
-use zebu_types::resources::{Node, Snapshot, Volume};
+use zebu_types::resources::{Node, ScrubInfo, Snapshot, Volume};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -298,6 +299,28 @@ impl Client {
             segment(snapshot)
         );
         self.call(Method::POST, &path, Self::NO_BODY).await
+    }
+
+    /// Start a scrub of an attached volume.
+    pub async fn start_scrub(
+        &self,
+        name: &str,
+        req: &StartScrub,
+    ) -> Result<ScrubInfo, ClientError> {
+        let path = format!("/v1/volumes/{}/scrub", segment(name));
+        self.call(Method::POST, &path, Some(req)).await
+    }
+
+    /// Stop a volume's running scrub.
+    pub async fn stop_scrub(&self, name: &str) -> Result<ScrubInfo, ClientError> {
+        let path = format!("/v1/volumes/{}/scrub/stop", segment(name));
+        self.call(Method::POST, &path, Self::NO_BODY).await
+    }
+
+    /// A volume's running (or last) scrub and its last recorded one.
+    pub async fn scrub_status(&self, name: &str) -> Result<ScrubInfo, ClientError> {
+        let path = format!("/v1/volumes/{}/scrub", segment(name));
+        self.call(Method::GET, &path, Self::NO_BODY).await
     }
 
     /// Start (again) the copy into a volume made from a snapshot or a clone, unless it is

@@ -43,7 +43,7 @@ pub mod engine {
     tonic::include_proto!("zebu.engine.v1");
 
     /// The version this build speaks; see the changelog at the top of `engine.proto`.
-    pub const PROTOCOL_VERSION: u32 = 2;
+    pub const PROTOCOL_VERSION: u32 = 3;
 }
 
 /// The Container Storage Interface, v1.12.0 (package `csi.v1`; `proto/csi.proto`).

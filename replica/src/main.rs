@@ -47,7 +47,7 @@ enum Command {
         #[arg(long)]
         listen: SocketAddr,
         /// Volume size: bytes, or with a binary unit K, M, G, T, P (e.g. 10G).
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_parser = zebu_size::parse_nonzero)]
         size: u64,
         /// File I/O back end.
         #[arg(long, value_enum, default_value_t = IoArg::Auto)]
@@ -109,45 +109,6 @@ impl From<IoArg> for BackendKind {
             IoArg::Threads => BackendKind::Threads,
         }
     }
-}
-
-/// Parses `4096`, `512M`, `10G`, `1T`, `2GiB`: binary units, case-insensitive.
-fn parse_size(s: &str) -> Result<u64, String> {
-    let fail = |why: &str| format!("invalid size '{s}': {why}");
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    if num.is_empty() {
-        return Err(fail(
-            "expected a number, optionally followed by K, M, G, T or P",
-        ));
-    }
-    let n: u64 = num.parse().map_err(|_| fail("number too large"))?;
-    let unit = unit.trim().to_ascii_uppercase();
-    let unit = unit
-        .strip_suffix("IB")
-        .or_else(|| unit.strip_suffix('B'))
-        .unwrap_or(&unit);
-    let shift = match unit {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        "P" => 50,
-        _ => {
-            return Err(fail(&format!(
-                "unknown unit '{unit}' (use K, M, G, T or P)"
-            )));
-        }
-    };
-    let size = n
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| fail("larger than 2^64 bytes"))?;
-    if size == 0 {
-        return Err(fail("a volume cannot be empty"));
-    }
-    Ok(size)
 }
 
 fn main() -> ExitCode {
@@ -349,24 +310,4 @@ fn info_text(info: &ReplicaInfo) -> String {
     }
     s.pop();
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("512M"), Ok(512 << 20));
-        assert_eq!(parse_size("10G"), Ok(10 << 30));
-        assert_eq!(parse_size("1t"), Ok(1 << 40));
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        let e = parse_size("10Q").unwrap_err();
-        assert!(e.starts_with("invalid size '10Q': unknown unit 'Q'"), "{e}");
-        assert!(parse_size("G").is_err());
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("99999999P").is_err());
-        assert!(parse_size("").is_err());
-    }
 }

@@ -595,7 +595,7 @@ fn serve_refuses_a_bad_size() {
     ]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("invalid size '10Q'"), "{stderr}");
+    assert!(stderr.contains("invalid size \"10Q\""), "{stderr}");
     assert!(!dir.exists(), "nothing may be created");
 }
 

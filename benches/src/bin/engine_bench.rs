@@ -43,7 +43,7 @@ struct Args {
     #[arg(long, default_value = "/var/tmp/zebu-bench-engine")]
     dir: PathBuf,
     /// Plain file and volume size for the I/O rows, e.g. 1G.
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    #[arg(long, default_value = "1G", value_parser = zebu_size::parse_nonzero)]
     size: u64,
     /// Seconds per row.
     #[arg(long, default_value_t = 5)]
@@ -58,10 +58,10 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
     /// Volume size of the rebuild measurement.
-    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    #[arg(long, default_value = "4G", value_parser = zebu_size::parse_nonzero)]
     rebuild_size: u64,
     /// Bytes written (from offset 0) before the rebuild.
-    #[arg(long, default_value = "2G", value_parser = parse_size)]
+    #[arg(long, default_value = "2G", value_parser = zebu_size::parse_nonzero)]
     rebuild_fill: u64,
     #[arg(long)]
     no_fio: bool,
@@ -135,10 +135,6 @@ struct Report {
     rows: Vec<Row>,
     rebuild: Option<RebuildResult>,
     memory: Memory,
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    zebu_engine::cli_args::parse_size(s)
 }
 
 fn main() -> anyhow::Result<()> {

@@ -12,7 +12,7 @@ use clap::{Parser, ValueEnum};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use zebu_benches::{KIB, MIB, Workload, select_workloads};
+use zebu_benches::{MIB, Workload, select_workloads};
 use zebu_replica::Replica;
 use zebu_replica::io::{AlignedBuf, BackendKind, DataFile, IO_ALIGN, IoConfig, IoEngine};
 
@@ -23,7 +23,7 @@ struct Args {
     #[arg(long, default_value = "/var/tmp/zebu-bench-io")]
     dir: PathBuf,
     /// File (and, for --level store, volume) size, e.g. 1G, 256M.
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    #[arg(long, default_value = "1G", value_parser = zebu_size::parse_nonzero)]
     size: u64,
     /// Seconds per row.
     #[arg(long, default_value_t = 5)]
@@ -110,24 +110,6 @@ fn cpu_seconds(who: libc::c_int) -> f64 {
     }
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => s.split_at(i),
-        None => (s, ""),
-    };
-    let n: u64 = digits.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    let mult = match unit.to_ascii_uppercase().as_str() {
-        "" => 1,
-        "K" | "KIB" => KIB,
-        "M" | "MIB" => MIB,
-        "G" | "GIB" => 1024 * MIB,
-        other => return Err(format!("unknown size unit {other:?}")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 fn main() -> anyhow::Result<()> {

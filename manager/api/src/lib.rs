@@ -13,6 +13,9 @@
 //! | POST   | `/v1/volumes/{name}/snapshots`           | take one (a [`CreateSnapshot`])   |
 //! | DELETE | `/v1/volumes/{name}/snapshots/{s}`       | delete one                        |
 //! | POST   | `/v1/volumes/{name}/snapshots/{s}/revert`| revert the volume to it           |
+//! | GET    | `/v1/volumes/{name}/scrub`               | its engine's scrub and the last recorded one (a [`ScrubInfo`]) |
+//! | POST   | `/v1/volumes/{name}/scrub`               | start one (a [`StartScrub`]); attached only |
+//! | POST   | `/v1/volumes/{name}/scrub/stop`          | stop the running one              |
 //! | POST   | `/v1/volumes/{name}/populate`            | start (again) the copy from its data source unless done or running; `{"population": STATE}` |
 //! | GET    | `/v1/snapshots[?volume=V]`               | the Snapshot records (detached volumes' too) |
 //! | GET    | `/v1/capacity[?node=N][&zone=Z]`         | what new replicas can take (a [`Capacity`]) |
@@ -41,8 +44,9 @@ use serde_json::{Value, json};
 use zebu_ops::{CapacityScope, Ops, OpsError, VolumeChange};
 use zebu_types::requests::{
     AttachVolume, Capacity, CreateSnapshot, CreateVolume, ExpandVolume, Items, SnapshotInfo,
+    StartScrub,
 };
-use zebu_types::resources::{Node, Snapshot, Volume};
+use zebu_types::resources::{Node, ScrubInfo, Snapshot, Volume};
 
 /// An error as the API reports it.
 #[derive(Debug)]
@@ -117,6 +121,11 @@ pub fn router(ops: Ops) -> Router {
             "/v1/volumes/{name}/snapshots/{snapshot}/revert",
             post(revert_snapshot),
         )
+        .route(
+            "/v1/volumes/{name}/scrub",
+            get(scrub_status).post(start_scrub),
+        )
+        .route("/v1/volumes/{name}/scrub/stop", post(stop_scrub))
         .route("/v1/volumes/{name}/populate", post(populate_volume))
         .route("/v1/snapshots", get(list_snapshot_records))
         .route("/v1/capacity", get(capacity))
@@ -260,6 +269,29 @@ async fn revert_snapshot(
     Ok(Json(Items {
         items: ops.revert_snapshot(&name, &snapshot).await?,
     }))
+}
+
+async fn scrub_status(
+    State(ops): State<Ops>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<ScrubInfo>> {
+    Ok(Json(ops.scrub_status(&name).await?))
+}
+
+async fn start_scrub(
+    State(ops): State<Ops>,
+    Path(name): Path<String>,
+    body: OptionalBody<StartScrub>,
+) -> ApiResult<Json<ScrubInfo>> {
+    let req = optional(body)?;
+    Ok(Json(ops.start_scrub(&name, req).await?))
+}
+
+async fn stop_scrub(
+    State(ops): State<Ops>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<ScrubInfo>> {
+    Ok(Json(ops.stop_scrub(&name).await?))
 }
 
 async fn populate_volume(

@@ -4,8 +4,9 @@
 //! Each controller is a **pure** `decide(&World, &Object) -> Vec<Action>` plus a thin
 //! `apply`: [`volume`] (replicas, engine, attach, detach, heal, replacement, salvage, delete,
 //! status), [`node`] (heartbeats lost), [`gc`] (engines and replicas of volumes that are
-//! gone). A pass loads a [`World`] from the store once, decides every object from it, and
-//! applies the actions; the decisions are unit-tested without processes or a store
+//! gone), [`scrub`] (the scrub schedule, and finished scrubs recorded in their volumes). A
+//! pass loads a [`World`] from the store once, decides every object from it, and applies the
+//! actions; the decisions are unit-tested without processes or a store
 //! ([`cases`] holds table tests that run the same against a world built directly and one
 //! loaded from any store backend). Node agents (`zebu-agent`) turn Replica and Engine
 //! objects into processes.
@@ -33,6 +34,7 @@ pub mod gc;
 pub mod node;
 pub mod ownership;
 pub mod presence;
+pub mod scrub;
 pub mod volume;
 mod world;
 
@@ -73,6 +75,7 @@ pub struct Controllers {
     membership: Option<Arc<dyn Membership>>,
     /// Whether the last pass was skipped for want of the own Lease (logged on change).
     fenced: bool,
+    scrubs: scrub::ScrubScheduler,
 }
 
 impl Controllers {
@@ -80,6 +83,7 @@ impl Controllers {
     pub fn new(store: Arc<dyn Store>) -> Self {
         Controllers {
             volumes: VolumeApplier::new(store.clone()),
+            scrubs: scrub::ScrubScheduler::new(store.clone()),
             store,
             role: Role::Sole,
             membership: None,
@@ -91,6 +95,7 @@ impl Controllers {
     pub fn member(store: Arc<dyn Store>, node: String, membership: Arc<dyn Membership>) -> Self {
         Controllers {
             volumes: VolumeApplier::new(store.clone()),
+            scrubs: scrub::ScrubScheduler::new(store.clone()),
             store,
             role: Role::Member { node },
             membership: Some(membership),
@@ -129,15 +134,18 @@ impl Controllers {
                 }
             }
         }
+        let mut driven = Vec::new();
         for v in &w.volumes {
             let Some(v) = self.take(&w, v).await else {
                 continue;
             };
+            driven.push(v.clone());
             let actions = volume::decide(&w, &v);
             if let Err(e) = self.volumes.apply(&w, &v, actions).await {
                 tracing::warn!("volume controller: {e}");
             }
         }
+        self.scrubs.pass(&w, &driven);
         if leads {
             let orphans = w
                 .engines

@@ -186,3 +186,33 @@ pub async fn expand(addr: &str, size: u64) -> Result<pb::VolumeInfo, EngineRpcEr
     )
     .await
 }
+
+/// The first control protocol version with scrubs (`ScrubStart`/`ScrubStop`/`ScrubStatus`).
+pub const SCRUB_PROTOCOL_VERSION: u32 = 2;
+
+/// Start a background scrub of the whole volume (`rate`: data bytes per second over every
+/// replica, 0 for the engine's default); refused while one runs.
+pub async fn scrub_start(addr: &str, rate: u64) -> Result<pb::ScrubInfo, EngineRpcError> {
+    let mut c = connect(addr).await?;
+    let req = pb::ScrubStartRequest {
+        rate_bytes_per_second: rate,
+    };
+    bounded(addr, "ScrubStart", c.scrub_start(req)).await
+}
+
+/// Stop the running scrub, if any.
+pub async fn scrub_stop(addr: &str) -> Result<pb::ScrubInfo, EngineRpcError> {
+    let mut c = connect(addr).await?;
+    bounded(addr, "ScrubStop", c.scrub_stop(pb::ScrubStopRequest {})).await
+}
+
+/// The engine's current or last scrub, and its last finished one.
+pub async fn scrub_status(addr: &str) -> Result<pb::ScrubInfo, EngineRpcError> {
+    let mut c = connect(addr).await?;
+    bounded(
+        addr,
+        "ScrubStatus",
+        c.scrub_status(pb::ScrubStatusRequest {}),
+    )
+    .await
+}

@@ -4,7 +4,8 @@
 //! a CSI plugin asks: create (empty, from a snapshot, or as a clone), get, watch, attach
 //! (with a chosen frontend), detach, expand (online, or offline through an engine started
 //! for it) and delete volumes; list, create, delete and revert snapshots (of detached
-//! volumes too, through an engine started for the call); report capacity per node or zone. The REST API, the
+//! volumes too, through an engine started for the call); start, stop and watch scrubs of
+//! attached volumes ([`scrub`]); report capacity per node or zone. The REST API, the
 //! `zebu` CLI (through the API) and the CSI plugin (through the API) call it; none of them
 //! has rules of its own. [`populate`] fills new volumes from snapshots.
 //!
@@ -35,6 +36,7 @@ mod error;
 mod maintenance;
 pub mod populate;
 pub mod scheduler;
+pub mod scrub;
 mod snapshot;
 mod volume;
 

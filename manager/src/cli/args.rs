@@ -197,6 +197,25 @@ pub enum VolumeCmd {
     },
     /// Delete a volume.
     Delete { name: String },
+    /// Scrub an attached volume: check every allocated block of every replica against its
+    /// checksum, compare the replicas, repair what is damaged. Shows the scrub's progress, or
+    /// with `--wait` follows it to its end.
+    Scrub {
+        name: String,
+        /// Follow the scrub until it ends, then print its findings (exit code 1 if it
+        /// failed or left blocks it could not repair).
+        #[arg(long, conflicts_with = "stop")]
+        wait: bool,
+        /// Stop the running scrub instead.
+        #[arg(long)]
+        stop: bool,
+        /// Data read per second over every replica, e.g. 32M (default: the engine's, 64M).
+        #[arg(long, conflicts_with = "stop")]
+        rate: Option<ByteSize>,
+        /// Seconds `--wait` waits.
+        #[arg(long, default_value_t = 24 * 3600, value_parser = clap::value_parser!(u64).range(1..=MAX_WAIT_SECS))]
+        timeout: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -118,6 +118,21 @@ pub async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Res
                 render::volume_table,
             )
         }
+        VolumeCmd::Scrub {
+            name,
+            wait,
+            stop,
+            rate,
+            timeout,
+        } => {
+            let how = super::scrub::How {
+                wait,
+                stop,
+                rate,
+                timeout: Duration::from_secs(timeout),
+            };
+            super::scrub::scrub(client, out, &name, how).await
+        }
         VolumeCmd::Delete { name } => {
             let d = client.delete_volume(&name).await?;
             match out {

@@ -105,7 +105,7 @@ async fn volume(ops: &Ops, out: Output, cmd: VolumeCmd) -> anyhow::Result<()> {
                 _ => render::value(out, &held),
             }
         }
-        VolumeCmd::Get { watch: true, .. } | VolumeCmd::Expand { .. } => {
+        VolumeCmd::Get { watch: true, .. } | VolumeCmd::Expand { .. } | VolumeCmd::Scrub { .. } => {
             bail!("this command is not available with --kubeconfig yet; use --api with a manager")
         }
     }

@@ -5,6 +5,7 @@
 //! - [`commands`]: what each command does;
 //! - [`render`]: tables, JSON and YAML;
 //! - [`up`]: `zebu up`;
+//! - [`scrub`]: `zebu volume scrub`;
 //! - [`backup`]: `zebu backup ...` and `zebu volume create --from-backup`.
 //! - [`kube`]: `--kubeconfig FILE`: the operations in-process over a cluster's resources.
 //! - [`manager`]: `zebu manager`: one node's manager in a Kubernetes cluster.
@@ -21,6 +22,7 @@ pub mod commands;
 pub mod kube;
 pub mod manager;
 pub mod render;
+pub mod scrub;
 pub mod up;
 
 pub use args::{Cli, Command, parse_args};

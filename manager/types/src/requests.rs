@@ -156,6 +156,16 @@ pub struct ExpandVolume {
     pub size: SizeInput,
 }
 
+/// `POST /v1/volumes/{name}/scrub`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StartScrub {
+    /// Data bytes read per second, over every replica (`"64M"`); the engine's default
+    /// (64 MiB/s) when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<SizeInput>,
+}
+
 /// `POST /v1/volumes/{name}/snapshots`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -30,7 +30,16 @@ pub struct Settings {
     /// heartbeat for this long is marked not Ready. Agents beat every 2 s,
     /// so anything shorter than a few beats would flap on a busy host.
     pub node_down_after: u64,
+    /// `scrub-interval` (seconds; 0: never): an attached, healthy volume whose last scrub
+    /// started this long ago (or, never scrubbed, that was created this long ago) is
+    /// scrubbed by the manager; one volume at a time per manager.
+    pub scrub_interval: u64,
 }
+
+/// A week: a whole-volume read at the engine's default rate (64 MiB/s) costs minutes per
+/// 10 GiB, so a weekly pass finds rot long before a second copy of the same block could
+/// rot too.
+pub const DEFAULT_SCRUB_INTERVAL: u64 = 7 * 24 * 3600;
 
 /// The minimal-available percentage `zebu up` stores when none is set.
 ///
@@ -52,6 +61,7 @@ impl Default for Settings {
             default_replica_count: 3,
             stale_replica_timeout: 2880,
             node_down_after: 10,
+            scrub_interval: DEFAULT_SCRUB_INTERVAL,
         }
     }
 }
@@ -127,6 +137,13 @@ impl Settings {
                     .filter(|n| (3..=3600).contains(n))
                     .ok_or_else(|| invalid("expected seconds, 3 to 3600"))?
             }
+            "scrub-interval" => {
+                self.scrub_interval = value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n <= 366 * 24 * 3600)
+                    .ok_or_else(|| invalid("expected seconds, 0 (never) to 31622400"))?
+            }
             _ => return Err(SettingError::Unknown(name.to_string())),
         }
         Ok(())
@@ -165,6 +182,10 @@ mod tests {
             .expect_err("below a heartbeat");
         assert!(e.to_string().contains("3 to 3600"), "{e}");
         assert_eq!(Settings::default().node_down_after, 10);
+        s.set("scrub-interval", "0").expect("never");
+        assert_eq!(s.scrub_interval, 0);
+        let e = s.set("scrub-interval", "1h").expect_err("seconds only");
+        assert!(e.to_string().contains("scrub-interval"), "{e}");
         assert_eq!(
             s.set("nope", "1"),
             Err(SettingError::Unknown("nope".into()))

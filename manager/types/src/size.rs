@@ -10,9 +10,8 @@
 //! [`ByteSize`] is the one type every resource uses for a size; it serialises
 //! as a plain integer of bytes so the stored JSON and the CRD schema are exact.
 //!
-//! This is the one size parser of the manager (the API, the CLI and `zebu up`). The
-//! replica and engine binaries still carry parsers of their own (`parse_size` in
-//! `replica/src/main.rs` and `engine/src/cli_args.rs`), to be replaced by this one.
+//! The parsing itself is `zebu-size`'s, the one size parser of every Zebu program (the
+//! replica and engine command lines and the benchmarks use it too).
 
 use std::fmt;
 use std::str::FromStr;
@@ -36,85 +35,13 @@ impl JsonSchema for ByteSize {
     }
 }
 
-/// Why a size string was refused; the message names the input.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SizeError {
-    #[error("empty size")]
-    Empty,
-    #[error(
-        "invalid size {input:?}: expected a whole number with an optional unit (K, M, G, T, P, Ki, Mi, Gi, Ti, Pi), like 10G or 512Mi"
-    )]
-    Malformed { input: String },
-    #[error(
-        "invalid size {input:?}: unknown unit {unit:?} (use K, M, G, T, P or Ki, Mi, Gi, Ti, Pi)"
-    )]
-    UnknownUnit { input: String, unit: String },
-    #[error("size {input:?} is too large: a size must be below 16 EiB (2^64 bytes, 16384P)")]
-    Overflow { input: String },
-}
-
-const UNITS: [(&str, u32); 6] = [("", 0), ("K", 1), ("M", 2), ("G", 3), ("T", 4), ("P", 5)];
+pub use zebu_size::SizeError;
 
 impl FromStr for ByteSize {
     type Err = SizeError;
 
     fn from_str(input: &str) -> Result<Self, SizeError> {
-        if input.is_empty() {
-            return Err(SizeError::Empty);
-        }
-        let digits_end = input
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(input.len());
-        if digits_end == 0 {
-            return Err(SizeError::Malformed {
-                input: input.to_string(),
-            });
-        }
-        let (digits, unit) = input.split_at(digits_end);
-        let number: u64 = digits.parse().map_err(|_| SizeError::Overflow {
-            input: input.to_string(),
-        })?;
-        if unit.starts_with('.') || unit.starts_with(',') {
-            return Err(SizeError::Malformed {
-                input: input.to_string(),
-            });
-        }
-        let u = unit.strip_suffix('B').unwrap_or(unit);
-        let u = u.strip_suffix('i').unwrap_or(u);
-        let upper = u.to_ascii_uppercase();
-        let power = UNITS
-            .iter()
-            .find(|(name, _)| *name == upper)
-            .map(|(_, p)| *p)
-            .ok_or_else(|| {
-                if unit
-                    .chars()
-                    .any(|c| c.is_whitespace() || c == '-' || c == '+')
-                {
-                    SizeError::Malformed {
-                        input: input.to_string(),
-                    }
-                } else {
-                    SizeError::UnknownUnit {
-                        input: input.to_string(),
-                        unit: unit.to_string(),
-                    }
-                }
-            })?;
-        // "10i" has no unit letter before the "i": refuse it instead of reading bytes.
-        if power == 0 && !unit.is_empty() && unit != "B" {
-            return Err(SizeError::UnknownUnit {
-                input: input.to_string(),
-                unit: unit.to_string(),
-            });
-        }
-        1024u64
-            .checked_pow(power)
-            .and_then(|m| number.checked_mul(m))
-            .map(ByteSize)
-            .ok_or_else(|| SizeError::Overflow {
-                input: input.to_string(),
-            })
+        zebu_size::parse(input).map(ByteSize)
     }
 }
 

@@ -154,6 +154,10 @@ pub struct VolumeStatus {
     /// volume controller's ownership rules). Unset on one host, where one manager does all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_id: Option<String>,
+    /// The last scrub of the volume that finished (ran to its end, was stopped or failed),
+    /// copied from its engine's report by the manager (see [`super::ScrubReport`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scrub: Option<Box<super::ScrubReport>>,
 }
 
 pub(crate) fn is_zero(n: &i64) -> bool {
