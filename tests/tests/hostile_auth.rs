@@ -284,3 +284,35 @@ async fn clients_without_the_volume_secret_are_refused_and_change_nothing() -> a
     );
     Ok(())
 }
+
+/// The engine's gRPC data path carries the token too: a volume over `--data-transport grpc`
+/// with the secret serves, and a gRPC data stream without a token is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_grpc_data_path_authenticates_too() -> anyhow::Result<()> {
+    let keys = tempfile::tempdir()?;
+    let good = write_secret(keys.path(), "vol.secret", SECRET, 0o600)?;
+    let args = ["--secret-file", good.as_str()];
+    let mut c = Cluster::replicas_only_with("vol-auth-grpc", 64 * MIB, &args)?;
+    c.cfg.extra_args = ["--secret-file", good.as_str(), "--data-transport", "grpc"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    c.start_engine()?;
+    let dev = c.engine().nbd_client().await?;
+    dev.write(0, Bytes::from(vec![0x24u8; MIB as usize]))
+        .await?;
+    dev.flush().await?;
+    assert!(dev.read(0, MIB).await?.iter().all(|&b| b == 0x24));
+    dev.disconnect().await;
+    let i = c.engine().info().await?;
+    assert_eq!(i.state, "healthy", "{i:?}\n{}", c.logs());
+    assert!(i.replicas.iter().all(|r| r.data_path == "grpc"), "{i:?}");
+    let mut raw = zebu_tests::connect(c.replica(0).addr).await?;
+    let s = zebu_tests::DataStream::open_for(&mut raw, 1, "").await;
+    assert_eq!(
+        s.err().map(|s| s.code()),
+        Some(tonic::Code::Unauthenticated),
+        "a gRPC data stream without a token"
+    );
+    Ok(())
+}
