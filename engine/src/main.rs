@@ -87,6 +87,16 @@ enum ScrubCmd {
 struct ServeArgs {
     #[arg(long)]
     volume: String,
+    /// The volume's uuid (the manager gives it). Without it the engine takes the uuid its
+    /// replicas record, or makes one at the volume's first start; replicas of another
+    /// volume are refused either way.
+    #[arg(long, value_parser = parse_volume_uuid)]
+    volume_uuid: Option<String>,
+    /// The volume's secret, in a file only its owner may read: every connection to a
+    /// replica proves it (replicas started with the same file refuse clients without it).
+    /// Never on the command line.
+    #[arg(long)]
+    secret_file: Option<std::path::PathBuf>,
     #[arg(long, value_parser = parse_size)]
     size: u64,
     /// A replica address (host:port); repeat for each replica.
@@ -149,6 +159,10 @@ enum ReplicaCmd {
     /// Add a replica and bring it in sync in the background.
     Add {
         address: String,
+        /// Wait until it is in sync; if the rebuild fails (a replica of another volume, one
+        /// that is unreachable), exit non-zero with the reason.
+        #[arg(long)]
+        wait: bool,
     },
     Rm {
         address: String,
@@ -201,6 +215,42 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Polls the rebuild status until the add of `address` is done (then the volume's info) or
+/// failed (then its reason as the error).
+async fn wait_added(
+    c: &mut EngineClient<tonic::transport::Channel>,
+    address: &str,
+) -> anyhow::Result<pb::VolumeInfo> {
+    loop {
+        let s = c
+            .rebuild_status(pb::RebuildStatusRequest {})
+            .await
+            .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+            .into_inner();
+        if s.replica == address && s.state == "failed" {
+            anyhow::bail!("adding replica {address} failed: {}", s.error);
+        }
+        if s.replica != address || s.state != "running" {
+            return Ok(c
+                .info(pb::InfoRequest {})
+                .await
+                .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+                .into_inner());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+fn parse_volume_uuid(s: &str) -> Result<String, String> {
+    if zebu_proto::frames::valid_volume_uuid(s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "invalid volume uuid {s:?}: expected 1-64 letters, digits and dashes"
+        ))
+    }
+}
+
 async fn serve(args: ServeArgs, control: Option<String>) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -217,6 +267,11 @@ async fn serve(args: ServeArgs, control: Option<String>) -> anyhow::Result<()> {
             .with_context(|| format!("--control {c:?} is not host:port"))?,
         (None, None) => anyhow::bail!("give the control address with --control HOST:PORT"),
     };
+    if let Some(p) = &args.secret_file {
+        let secret = zebu_proto::auth::Secret::load(p).context("cannot read the volume secret")?;
+        zebu_engine::replicator::set_volume_secret(secret).map_err(anyhow::Error::msg)?;
+        tracing::info!("authentication on: every replica connection proves the volume's secret");
+    }
     let config = VolumeConfig {
         name: args.volume.clone(),
         size: args.size,
@@ -224,6 +279,7 @@ async fn serve(args: ServeArgs, control: Option<String>) -> anyhow::Result<()> {
         local_hosts: args.local_hosts.clone(),
         data_transport: args.data_transport,
         checksums: args.checksums == OnOff::On,
+        volume_uuid: args.volume_uuid.clone(),
     };
     let (volume, stale) = Volume::start(StartOptions {
         config,
@@ -351,12 +407,17 @@ async fn client(cmd: Cmd, control: Option<String>, json: bool) -> anyhow::Result
             let i = c.info(pb::InfoRequest {}).await.map_err(st)?.into_inner();
             print_info(&i, json, matches!(cmd, Cmd::Replica(_)));
         }
-        Cmd::Replica(ReplicaCmd::Add { address }) => {
-            let i = c
-                .replica_add(pb::ReplicaAddRequest { address })
+        Cmd::Replica(ReplicaCmd::Add { address, wait }) => {
+            let mut i = c
+                .replica_add(pb::ReplicaAddRequest {
+                    address: address.clone(),
+                })
                 .await
                 .map_err(st)?
                 .into_inner();
+            if wait {
+                i = wait_added(&mut c, &address).await?;
+            }
             print_info(&i, json, true);
         }
         Cmd::Replica(ReplicaCmd::Rm { address }) => {

@@ -86,11 +86,20 @@
 //! An extension is a `kind` (u16) and a value of up to 65,535 bytes; bit 15 of the kind marks
 //! it *critical*. A receiver ignores extensions it does not know, except critical ones, which
 //! make it refuse the hello (the client asked for something this server cannot give).
-//! No kind is defined yet: kinds 1-0x7fff are the protocol's, to be given out here with a
-//! changelog line, and are how issue 18 adds a volume identity and a challenge-response
-//! without a version 4: the client names the volume and sends a nonce in its hello, the
-//! server answers with its own nonce and proof in the answer's extensions, and further steps
-//! can be new ops that a client only sends when the server's answer offered them.
+//! Kinds 1-0x7fff are the protocol's, given out here with a changelog line; they are how
+//! issue 18 adds to version 3 without a version 4:
+//!
+//! - `0x8001` [`EXT_VOLUME`] (critical): the volume the client serves, as a flags byte
+//!   (bit 0: adopt) and the volume uuid in ASCII ([`VolumeClaim`]). A replica that belongs
+//!   to another volume refuses the hello (INVALID, naming both uuids) before it looks at the
+//!   generation, so nothing is fenced; one that belongs to a volume refuses a hello without
+//!   it; one that belongs to none takes the uuid if it is fresh (never a member of an epoch)
+//!   or if the client set adopt (an engine sets it only for replicas it lists as current
+//!   members: replicas made before volume identity existed). A server that does not know
+//!   the kind refuses the hello, because it is critical.
+//!
+//! A challenge-response (the client's nonce in its hello, the server's nonce and proof in
+//! the answer's extensions) is to take further kinds the same way.
 //!
 //! # The local socket
 //!
@@ -132,7 +141,8 @@ mod response;
 pub use batch::{Batch, GATHER_COPY_LIMIT};
 pub use grpc::GrpcRequestError;
 pub use hello::{
-    EXTENSION_CRITICAL, Extension, Extensions, HELLO_LEN, Hello, MAX_HELLO_EXTENSIONS, decode_hello,
+    EXT_VOLUME, EXTENSION_CRITICAL, Extension, Extensions, HELLO_LEN, Hello, MAX_HELLO_EXTENSIONS,
+    MAX_VOLUME_UUID, VolumeClaim, decode_hello, valid_volume_uuid,
 };
 pub use request::{Request, RequestHeader, RequestOp, decode_request};
 pub use response::{Response, ResponseHeader, decode_response};

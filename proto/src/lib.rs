@@ -8,6 +8,9 @@
 //! - [`frames`]: the replica data stream as fixed binary frames on plain TCP (no HTTP/2),
 //!   version [`frames::VERSION`]; same semantics as the gRPC `Data` stream, and the one
 //!   request and response type both transports decode into.
+//! - [`auth`]: how an engine proves it holds its volume's secret at the replica ports.
+//! - [`numbers`]: generations, epochs and flush numbers, with the checks every value from
+//!   the wire goes through.
 //! - [`sums`]: the CRC32C block checksums that writes carry and replicas store.
 //! - [`csi`]: the Container Storage Interface v1.12 (package `csi.v1`), vendored unchanged,
 //!   which the `zebu-csi` plugin serves.
@@ -18,7 +21,9 @@
 //! assert_eq!(req.id, 7);
 //! ```
 
+pub mod auth;
 pub mod frames;
+pub mod numbers;
 pub mod sums;
 
 /// The replica protocol (package `zebu.replica.v1`).

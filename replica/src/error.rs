@@ -20,6 +20,32 @@ pub enum ReplicaError {
     StaleGeneration { offered: u64, accepted: u64 },
     #[error("the replica is closed")]
     Closed,
+    /// Its files went away under it (unlinked, truncated): it serves nothing any more.
+    #[error("the replica is lost: {0}")]
+    Lost(String),
+    /// The replica belongs to another volume than the one a client named (or names none
+    /// while the replica belongs to one): nothing was done.
+    #[error(
+        "replica {replica} belongs to volume {has}, not to volume {offered}; refused (nothing \
+         was fenced or written)"
+    )]
+    WrongVolume {
+        replica: String,
+        has: String,
+        offered: String,
+    },
+    /// The replica records no volume and is not fresh, and the client did not say it lists
+    /// it as a member (see `Replica::claim_volume`).
+    #[error(
+        "replica {replica} records no volume (made before volume identity) and was a member of \
+         epoch {epoch}; only an engine that lists it as a current member may adopt it for volume \
+         {offered} (give it a fresh directory to rebuild it)"
+    )]
+    UnclaimedVolume {
+        replica: String,
+        epoch: u64,
+        offered: String,
+    },
     #[error("{dir}: holds a replica of {found} bytes, not {wanted}")]
     SizeMismatch {
         dir: PathBuf,

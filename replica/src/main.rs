@@ -62,6 +62,11 @@ enum Command {
         /// replica serves with them on.
         #[arg(long, value_enum, default_value_t = OnOff::On)]
         checksums: OnOff,
+        /// The volume's secret, in a file only its owner may read: then only clients that
+        /// prove they hold it are served, on every port (zebu_proto::auth). Never on the
+        /// command line.
+        #[arg(long)]
+        secret_file: Option<PathBuf>,
     },
     /// Print a replica's size, layer chain, generation, epoch and flush number.
     Info {
@@ -142,13 +147,20 @@ fn main() -> ExitCode {
                 io,
                 cache,
                 checksums,
+                secret_file,
             } => {
                 let config = IoConfig {
                     cache: cache.into(),
                     checksums: checksums == OnOff::On,
                     ..IoConfig::default()
                 };
-                serve(&dir, listen, size, io.into(), config).await
+                let secret = match secret_file {
+                    Some(p) => {
+                        Some(zebu_proto::auth::Secret::load(&p).context("cannot read the secret")?)
+                    }
+                    None => None,
+                };
+                serve(&dir, listen, size, io.into(), config, secret).await
             }
             Command::Info { dir, json } => print_info(&dir, json).await,
         }
@@ -170,13 +182,17 @@ async fn serve(
     size: u64,
     io: BackendKind,
     config: IoConfig,
+    secret: Option<zebu_proto::auth::Secret>,
 ) -> anyhow::Result<()> {
     let io = IoEngine::with_config(io, config).context("cannot start the I/O engine")?;
     info!(backend = %io.backend(), cache = %io.cache(), "I/O engine ready");
     let replica = Replica::open_or_create(dir, size, io.clone())
         .await
         .context("cannot open the replica")?;
-    let server = ReplicaServer::new(dir, io, replica);
+    if secret.is_some() {
+        info!("authentication on: only clients holding the volume's secret are served");
+    }
+    let server = ReplicaServer::with_secret(dir, io, replica, secret);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;

@@ -291,11 +291,26 @@ pub struct DataStream {
 }
 
 impl DataStream {
-    /// Opens a data stream with `generation` and waits for the hello answer. A refused
-    /// hello comes back as the `Status` that ended the stream.
+    /// Opens a data stream with `generation` and waits for the hello answer, naming the
+    /// volume the replica records (as its volume's engine would). A refused hello comes back
+    /// as the `Status` that ended the stream.
     pub async fn open(
         client: &mut ReplicaClient<Channel>,
         generation: u64,
+    ) -> Result<DataStream, Status> {
+        let uuid = client
+            .info(zebu_proto::replica::InfoRequest {})
+            .await?
+            .into_inner()
+            .volume_uuid;
+        DataStream::open_for(client, generation, &uuid).await
+    }
+
+    /// [`DataStream::open`] naming volume `uuid` (empty: none) in the hello.
+    pub async fn open_for(
+        client: &mut ReplicaClient<Channel>,
+        generation: u64,
+        uuid: &str,
     ) -> Result<DataStream, Status> {
         let (tx, rx) = mpsc::channel(1024);
         tx.send(DataRequest {
@@ -303,6 +318,8 @@ impl DataStream {
             op: Some(Op::Hello(DataHello {
                 protocol_version: PROTOCOL_VERSION,
                 generation,
+                volume_uuid: uuid.to_string(),
+                adopt_volume: false,
             })),
         })
         .await

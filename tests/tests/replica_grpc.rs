@@ -651,6 +651,7 @@ async fn hello_must_come_first_and_speak_a_version_the_replica_knows() {
         op: Some(Op::Hello(pb::DataHello {
             protocol_version: pb::PROTOCOL_VERSION + 1,
             generation: 1,
+            ..Default::default()
         })),
     };
     let status = raw_stream(&r, vec![hello]).await;
@@ -671,6 +672,7 @@ async fn hello_must_come_first_and_speak_a_version_the_replica_knows() {
         .call(Op::Hello(pb::DataHello {
             protocol_version: 1,
             generation: 1,
+            ..Default::default()
         }))
         .await
         .unwrap();

@@ -276,6 +276,7 @@ async fn start_volume(
             local_hosts: Vec::new(),
             data_transport: Default::default(),
             checksums: true,
+            volume_uuid: None,
         },
         replicas: replicas.iter().map(|r| r.addr.to_string()).collect(),
         salvage: false,

@@ -22,8 +22,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
-use zebu_proto::frames::{self, Request, RequestOp, Response};
+use zebu_proto::auth::Secret;
+use zebu_proto::frames::{self, Request, RequestOp, Response, VolumeClaim};
 use zebu_proto::replica as pb;
 use zebu_proto::replica::data_request::Op;
 use zebu_proto::replica::replica_client::ReplicaClient;
@@ -69,21 +72,23 @@ impl std::str::FromStr for DataTransport {
 /// Opens the data path to the replica at `addr` over `transport` and presents
 /// `generation`; `channel` is the replica's gRPC channel (used by the gRPC transport).
 /// `local`: the replica runs on this host (frames then use its local socket if it has one).
+/// `claim` names the volume in the hello; a replica of another volume refuses it.
 pub async fn open_data_path(
     transport: DataTransport,
     addr: &str,
     channel: Channel,
     generation: u64,
+    claim: &VolumeClaim,
     timeout: Duration,
     local: bool,
 ) -> Result<std::sync::Arc<dyn DataPath>, PathError> {
     Ok(match transport {
         DataTransport::Frames => std::sync::Arc::new(
-            super::FramedDataPath::open(addr, generation, timeout, local).await?,
+            super::FramedDataPath::open_for(addr, generation, Some(claim), timeout, local).await?,
         ),
-        DataTransport::Grpc => {
-            std::sync::Arc::new(GrpcDataPath::open(channel, generation, timeout).await?)
-        }
+        DataTransport::Grpc => std::sync::Arc::new(
+            GrpcDataPath::open_for(channel, generation, Some(claim), timeout).await?,
+        ),
     })
 }
 
@@ -93,6 +98,10 @@ pub async fn open_data_path(
 pub enum PathError {
     #[error("the replica refused the request: {0}")]
     Refused(String),
+    /// The request is wrong for this replica (INVALID: out of range, too large): the
+    /// replica is healthy and the request changed nothing.
+    #[error("the replica refused the request as invalid: {0}")]
+    Invalid(String),
     #[error("I/O error on the replica: {0}")]
     Io(String),
     #[error("the replica's disk is full: {0}")]
@@ -109,6 +118,15 @@ pub enum PathError {
         blocks: Vec<u32>,
         data: Bytes,
     },
+}
+
+impl PathError {
+    /// The replica answered and refused the request itself (INVALID or NO_SPACE): it is
+    /// healthy, and unchanged by the request. (A fenced or closed replica's UNAVAILABLE is
+    /// not one: that replica cannot serve this engine any more.)
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, PathError::Invalid(_) | PathError::NoSpace(_))
+    }
 }
 
 /// The data path to one replica: one request type, many requests in flight, answers
@@ -217,7 +235,8 @@ impl dyn DataPath {
 pub(super) fn answer_result(resp: Response) -> Result<Response, PathError> {
     match resp.status {
         pb::Status::Ok => Ok(resp),
-        pb::Status::Invalid | pb::Status::Unavailable => Err(PathError::Refused(resp.message)),
+        pb::Status::Invalid => Err(PathError::Invalid(resp.message)),
+        pb::Status::Unavailable => Err(PathError::Refused(resp.message)),
         pb::Status::NoSpace => Err(PathError::NoSpace(resp.message)),
         pb::Status::IoError => Err(PathError::Io(resp.message)),
         pb::Status::Corrupt => Err(PathError::Corrupt {
@@ -261,9 +280,46 @@ pub async fn connect_channel(addr: &str, timeout: Duration) -> Result<Channel, P
         .map_err(|e| PathError::Disconnected(format!("connect {addr}: {e}")))
 }
 
+/// The volume's secret, once [`set_volume_secret`] gave it. Process-wide because one engine
+/// process serves one volume; every gRPC call and frames hello to a replica then proves it
+/// (`zebu_proto::auth`).
+static VOLUME_SECRET: std::sync::OnceLock<Secret> = std::sync::OnceLock::new();
+
+/// Sets the volume's secret for every replica connection of this process; once only.
+pub fn set_volume_secret(secret: Secret) -> Result<(), String> {
+    VOLUME_SECRET
+        .set(secret)
+        .map_err(|_| "the volume secret is already set".to_string())
+}
+
+pub(super) fn volume_secret() -> Option<&'static Secret> {
+    VOLUME_SECRET.get()
+}
+
+/// Adds a fresh token to every gRPC call when the volume has a secret.
+#[derive(Clone, Copy, Default)]
+pub struct AddToken;
+
+impl Interceptor for AddToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(secret) = volume_secret() {
+            let token = secret.grpc_token(zebu_proto::auth::now_secs());
+            let value = token
+                .parse()
+                .map_err(|_| tonic::Status::internal("invariant: a hex token is ASCII"))?;
+            req.metadata_mut()
+                .insert(zebu_proto::auth::GRPC_AUTH_HEADER, value);
+        }
+        Ok(req)
+    }
+}
+
+/// A replica's gRPC client as the engine uses it: authenticated when the volume has a secret.
+pub type ControlClient = ReplicaClient<InterceptedService<Channel, AddToken>>;
+
 /// A control client with the message limits the replica uses.
-pub fn control_client(channel: Channel) -> ReplicaClient<Channel> {
-    ReplicaClient::new(channel)
+pub fn control_client(channel: Channel) -> ControlClient {
+    ReplicaClient::with_interceptor(channel, AddToken)
         .max_decoding_message_size(pb::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(pb::MAX_MESSAGE_BYTES)
 }
@@ -277,15 +333,26 @@ impl GrpcDataPath {
         generation: u64,
         timeout: Duration,
     ) -> Result<GrpcDataPath, PathError> {
-        match GrpcDataPath::open_in(channel.clone(), generation, timeout, pb::PROTOCOL_VERSION)
-            .await
-        {
+        GrpcDataPath::open_for(channel, generation, None, timeout).await
+    }
+
+    /// [`GrpcDataPath::open`] naming the volume in the hello (version 3; a version 1 hello
+    /// carries no volume, and a replica that belongs to one refuses it).
+    pub async fn open_for(
+        channel: Channel,
+        generation: u64,
+        claim: Option<&VolumeClaim>,
+        timeout: Duration,
+    ) -> Result<GrpcDataPath, PathError> {
+        let newest = (pb::PROTOCOL_VERSION, claim);
+        match GrpcDataPath::open_in(channel.clone(), generation, timeout, newest).await {
             Err(e) if refused_for_version(&e) => {
                 tracing::info!(
                     "gRPC data stream: {e}; using version {}",
                     pb::MIN_PROTOCOL_VERSION
                 );
-                GrpcDataPath::open_in(channel, generation, timeout, pb::MIN_PROTOCOL_VERSION).await
+                let oldest = (pb::MIN_PROTOCOL_VERSION, None);
+                GrpcDataPath::open_in(channel, generation, timeout, oldest).await
             }
             other => other,
         }
@@ -295,7 +362,7 @@ impl GrpcDataPath {
         channel: Channel,
         generation: u64,
         timeout: Duration,
-        version: u32,
+        (version, claim): (u32, Option<&VolumeClaim>),
     ) -> Result<GrpcDataPath, PathError> {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let hello = pb::DataRequest {
@@ -303,6 +370,8 @@ impl GrpcDataPath {
             op: Some(Op::Hello(pb::DataHello {
                 protocol_version: version,
                 generation,
+                volume_uuid: claim.map(|c| c.uuid.clone()).unwrap_or_default(),
+                adopt_volume: claim.is_some_and(|c| c.adopt),
             })),
         };
         tx.send(hello)

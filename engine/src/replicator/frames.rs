@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
@@ -114,10 +114,22 @@ impl FramedDataPath {
         timeout: Duration,
         local: bool,
     ) -> Result<FramedDataPath, PathError> {
+        FramedDataPath::open_for(addr, generation, None, timeout, local).await
+    }
+
+    /// [`FramedDataPath::open`] with the volume the engine serves named in the hello (its
+    /// `EXT_VOLUME` extension): a replica of another volume refuses it.
+    pub async fn open_for(
+        addr: &str,
+        generation: u64,
+        claim: Option<&frames::VolumeClaim>,
+        timeout: Duration,
+        local: bool,
+    ) -> Result<FramedDataPath, PathError> {
         let (welcomed, rest, socket) = tokio::time::timeout(timeout, async {
             let mut version = frames::VERSION;
             loop {
-                match handshake(addr, generation, version).await {
+                match handshake(addr, hello_for(version, generation, claim)).await {
                     // A replica of an older build: say hello again one version lower.
                     Err(e)
                         if super::client::refused_for_version(&e)
@@ -140,7 +152,7 @@ impl FramedDataPath {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let local_stream = match socket.strip_prefix('@') {
             Some(name) if local => {
-                let hello = Hello::new(welcomed.version, generation);
+                let hello = hello_for(welcomed.version, generation, claim);
                 match tokio::time::timeout(timeout, hello_local(name, hello)).await {
                     Ok(Ok(s)) => Some(s),
                     Ok(Err(e)) => {
@@ -229,13 +241,22 @@ struct Welcomed {
     version: u32,
 }
 
-/// Connects, sends the hello in `version` and reads its answer; returns the stream, any
-/// bytes read past the answer and the answer's message (the local socket's name, if any).
-async fn handshake(
-    addr: &str,
-    generation: u64,
-    version: u32,
-) -> Result<(Welcomed, BytesMut, String), PathError> {
+/// The hello of `version` with `generation`, naming the volume from version 3 on (older
+/// hellos have no extension area; a replica that belongs to a volume refuses them).
+fn hello_for(version: u32, generation: u64, claim: Option<&frames::VolumeClaim>) -> Hello {
+    let mut hello = Hello::new(version, generation);
+    if let Some(c) = claim
+        && version >= frames::INTEGRITY_VERSION
+    {
+        hello.extensions.0.push(c.to_extension());
+    }
+    hello
+}
+
+/// Connects, sends `hello` and reads its answer; returns the stream, any bytes read past the
+/// answer and the answer's message (the local socket's name, if any).
+async fn handshake(addr: &str, hello: Hello) -> Result<(Welcomed, BytesMut, String), PathError> {
+    let version = hello.version;
     let mut stream = TcpStream::connect(addr)
         .await
         .map_err(|e| PathError::Disconnected(format!("connect {addr}: {e}")))?;
@@ -243,7 +264,6 @@ async fn handshake(
     stream
         .set_nodelay(true)
         .map_err(|e| PathError::Disconnected(format!("TCP_NODELAY on {addr}: {e}")))?;
-    let hello = Hello::new(version, generation);
     let (rest, message) = say_hello(&mut stream, addr, hello).await?;
     Ok((
         Welcomed {
@@ -265,12 +285,64 @@ async fn hello_local(name: &str, hello: Hello) -> Result<(UnixStream, BytesMut),
 }
 
 /// Sends `hello` on `stream` and reads its answer: returns any bytes read past it and the
-/// answer's message.
+/// answer's message. With the volume's secret set, this is the challenge-response of
+/// `zebu_proto::auth`: the hello carries a nonce, the answer the replica's nonce and proof,
+/// checked here, and a second hello the engine's proof, answered by the welcome.
 async fn say_hello<S>(
     stream: &mut S,
     addr: &str,
-    hello: Hello,
+    mut hello: Hello,
 ) -> Result<(BytesMut, String), PathError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let secret = super::client::volume_secret();
+    let nc = zebu_proto::auth::nonce();
+    if secret.is_some() && hello.version >= frames::INTEGRITY_VERSION {
+        hello.extensions.0.push(frames::Extension {
+            kind: zebu_proto::auth::EXT_AUTH,
+            value: Bytes::copy_from_slice(&nc),
+        });
+    }
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let answer = hello_round(stream, addr, &hello, &mut buf).await?;
+    let answer = match secret {
+        Some(secret) if hello.version >= frames::INTEGRITY_VERSION => {
+            let ext = frames::Extensions::decode(answer.data.clone())
+                .map_err(|e| PathError::Refused(format!("{addr}: bad challenge: {e}")))?;
+            let challenge = ext.get(zebu_proto::auth::EXT_AUTH).ok_or_else(|| {
+                PathError::Refused(format!(
+                    "{addr} did not answer the authentication challenge"
+                ))
+            })?;
+            let volume = frames::VolumeClaim::from_extensions(&hello.extensions)
+                .ok()
+                .flatten()
+                .map(|c| c.uuid)
+                .unwrap_or_default();
+            let ns = secret
+                .check_server(&nc, challenge, &volume)
+                .map_err(|e| PathError::Refused(format!("{addr}: {e}")))?;
+            let proof = secret.client_proof(&nc, &ns, &volume, hello.version, hello.generation);
+            let mut second = Hello::new(hello.version, hello.generation);
+            second.extensions.0.push(frames::Extension {
+                kind: zebu_proto::auth::EXT_AUTH,
+                value: Bytes::copy_from_slice(&proof),
+            });
+            hello_round(stream, addr, &second, &mut buf).await?
+        }
+        _ => answer,
+    };
+    Ok((buf, answer.message))
+}
+
+/// Sends one hello and reads one OK answer with id 0 (bytes read past it stay in `buf`).
+async fn hello_round<S>(
+    stream: &mut S,
+    addr: &str,
+    hello: &Hello,
+    buf: &mut BytesMut,
+) -> Result<Response, PathError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -280,9 +352,8 @@ where
         .write_all(&hello.encode())
         .await
         .map_err(|e| disconnected("hello to", e))?;
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let answer = loop {
-        match frames::decode_response(&mut buf) {
+        match frames::decode_response(buf) {
             Ok(Decoded::Frame(r)) => break r,
             Ok(Decoded::Need(_)) => {}
             Err(e) => {
@@ -292,7 +363,7 @@ where
             }
         }
         let n = stream
-            .read_buf(&mut buf)
+            .read_buf(buf)
             .await
             .map_err(|e| disconnected("hello answer from", e))?;
         if n == 0 {
@@ -304,7 +375,7 @@ where
     if answer.id != 0 || answer.status != pb::Status::Ok {
         return Err(PathError::Refused(answer.message));
     }
-    Ok((buf, answer.message))
+    Ok(answer)
 }
 
 /// Sends every queued request, many per vectored write, until the queue closes or the

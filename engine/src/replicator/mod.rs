@@ -49,8 +49,8 @@ mod snapshot;
 mod start;
 
 pub use client::{
-    DataPath, DataTransport, GrpcDataPath, PathError, connect_channel, control_client,
-    open_data_path,
+    ControlClient, DataPath, DataTransport, GrpcDataPath, PathError, connect_channel,
+    control_client, open_data_path, set_volume_secret,
 };
 pub use frames::FramedDataPath;
 pub use rangelock::RangeLock;
@@ -64,9 +64,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tonic::transport::Channel;
+use zebu_proto::numbers::{Epoch, FlushNumber};
 use zebu_proto::replica as pb;
-use zebu_proto::replica::replica_client::ReplicaClient;
 use zebu_proto::sums::BlockSums;
 
 use crate::blockdev::{BlockDevice, BlockError, BoxFuture};
@@ -114,7 +113,7 @@ pub struct Replica {
     pub id: String,
     mode: Mutex<(Mode, String)>,
     data: Arc<dyn DataPath>,
-    control: ReplicaClient<Channel>,
+    control: ControlClient,
     inflight: AtomicUsize,
     local: bool,
     /// Set while a full rebuild copies older layers into this replica: its unmaps must write
@@ -132,7 +131,7 @@ impl Replica {
         self.mode.lock().expect("invariant: mode lock").1.clone()
     }
 
-    pub fn control(&self) -> ReplicaClient<Channel> {
+    pub fn control(&self) -> ControlClient {
         self.control.clone()
     }
 
@@ -182,11 +181,17 @@ pub struct VolumeConfig {
     /// Compute the block checksums of every write and send them (the default). Off is for
     /// measuring what checksums cost, with replicas that keep none either.
     pub checksums: bool,
+    /// The volume's uuid, from the manager (or `--volume-uuid`). Without one the engine takes
+    /// the uuid its replicas record, or makes one at the first start (`start.rs`), so it is
+    /// kept with the volume: on its replicas.
+    pub volume_uuid: Option<String>,
 }
 
 /// A replicated volume. Implements [`BlockDevice`] for the frontends.
 pub struct Volume {
     config: VolumeConfig,
+    /// The volume's uuid, named in every hello (replica identity, `start.rs`).
+    uuid: String,
     size: AtomicU64,
     generation: u64,
     replicas: RwLock<Vec<Arc<Replica>>>,
@@ -213,6 +218,11 @@ impl Volume {
 
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// The volume's uuid, which every replica of it records.
+    pub fn uuid(&self) -> &str {
+        &self.uuid
     }
 
     pub fn io_timeout(&self) -> Duration {
@@ -275,7 +285,10 @@ impl Volume {
             if rw.is_empty() {
                 return Err(self.faulted());
             }
-            let epoch = m.epoch + 1;
+            let epoch = Epoch(m.epoch)
+                .checked_next()
+                .map_err(|e| BlockError::Unavailable(format!("volume {}: {e}", self.config.name)))?
+                .0;
             let members: Vec<String> = rw.iter().map(|r| r.id.clone()).collect();
             let results =
                 futures::future::join_all(
@@ -352,6 +365,27 @@ impl Volume {
                     .await;
             &mut joined.into_iter()
         };
+        let results: Vec<Result<(), PathError>> = results.collect();
+        // A request every replica refuses (out of range, too large, disk full) is the
+        // request's failure, not the replicas': none of them changed, none is failed, and the
+        // client gets the refusal (ENOSPC for a full disk). Only when some replica took it do
+        // the others, which now lack it, go ERR. Not for a flush: after a failed fdatasync
+        // the kernel may have dropped the dirty pages, so a later one that succeeds proves
+        // nothing, and that replica must be rebuilt.
+        if what != "flush"
+            && results
+                .iter()
+                .all(|r| matches!(r, Err(e) if e.is_refusal()))
+        {
+            let first = results.into_iter().find_map(Result::err);
+            return Err(match first {
+                Some(PathError::NoSpace(m)) => {
+                    BlockError::NoSpace(format!("volume {}: {what}: {m}", self.config.name))
+                }
+                Some(e) => BlockError::Io(format!("volume {}: {what}: {e}", self.config.name)),
+                None => self.faulted(),
+            });
+        }
         let mut rw_ok = 0;
         let mut last_err = None;
         for (r, res) in targets.iter().zip(results) {
@@ -476,6 +510,10 @@ impl Volume {
                         .corrupt_read(self.name(), &r.addr, offset, &blocks);
                     return self.heal(offset, len).await;
                 }
+                // A refused read (out of the replica's range) is the request's fault.
+                Ok(Err(e)) if e.is_refusal() => {
+                    return Err(BlockError::Io(format!("volume {}: read: {e}", self.name())));
+                }
                 Ok(Err(e)) => self.fail(&r, &format!("read: {e}")),
                 Err(_) => self.fail(
                     &r,
@@ -498,7 +536,10 @@ impl Volume {
     /// Flushes every RW and WO replica under the next flush number.
     pub async fn flush_all(&self) -> Result<(), BlockError> {
         let _f = self.flush_lock.lock().await;
-        let number = self.flush_number.load(Ordering::Acquire) + 1;
+        let number = FlushNumber(self.flush_number.load(Ordering::Acquire))
+            .checked_next()
+            .map_err(|e| BlockError::Io(format!("volume {}: {e}", self.config.name)))?
+            .0;
         self.replicate("flush", |r, id| {
             let p = r.data.clone();
             Box::pin(async move { p.flush(id, number).await.map(|_| ()) })

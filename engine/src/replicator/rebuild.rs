@@ -78,6 +78,15 @@ impl Volume {
                 self.name()
             ));
         }
+        // Running from here on, so a client polling the status right after this call sees
+        // this rebuild and not the one before.
+        self.set_status(|s| {
+            *s = RebuildStatus {
+                replica: addr.to_string(),
+                state: "running".into(),
+                ..RebuildStatus::default()
+            }
+        });
         let v = self.clone();
         let addr = addr.to_string();
         tokio::spawn(async move { v.rebuild(&addr).await });
@@ -135,6 +144,16 @@ impl Volume {
             .await
             .map_err(|s| format!("{addr}: Info: {}", s.message()))?
             .into_inner();
+        if !info.volume_uuid.is_empty() && info.volume_uuid != self.uuid() {
+            return Err(format!(
+                "{addr}: replica {} belongs to volume {}, not to volume {} ({}); refused, \
+                 nothing was fenced or written",
+                info.replica_id,
+                info.volume_uuid,
+                self.name(),
+                self.uuid()
+            ));
+        }
         if info.size != self.size() {
             return Err(format!(
                 "{addr}: size {} differs from the volume size {}",
@@ -163,11 +182,18 @@ impl Volume {
         }
         // Join as WO with no write in flight, so every write after this reaches it.
         let local = is_local(addr, &self.config.local_hosts);
+        // Not adopt: a replica that records no volume is taken only if fresh (the replica's
+        // `identity.rs`), so a former member of an unknown volume is never written.
+        let claim = zebu_proto::frames::VolumeClaim {
+            uuid: self.uuid().to_string(),
+            adopt: false,
+        };
         let data = open_data_path(
             self.config.data_transport,
             addr,
             channel.clone(),
             self.generation(),
+            &claim,
             timeout,
             local,
         )

@@ -136,8 +136,35 @@ impl Volume {
                 self.size()
             ));
         }
+        let targets = self.with_mode(&[Mode::RW, Mode::WO]);
+        // Every replica is asked first, so a size one of them cannot hold is refused before
+        // any of them changed (and refused is not failed: the replica is fine).
+        for r in &targets {
+            let check = pb::ExpandRequest {
+                size,
+                check_only: true,
+            };
+            if let Err(s) = r.control().expand(check).await {
+                if matches!(
+                    s.code(),
+                    tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted
+                ) {
+                    return Err(format!(
+                        "volume {}: cannot expand to {size} bytes: replica {}: {}",
+                        self.name(),
+                        r.addr,
+                        s.message()
+                    ));
+                }
+                self.fail(r, &format!("expand check: {}", s.message()));
+            }
+        }
         for r in self.with_mode(&[Mode::RW, Mode::WO]) {
-            if let Err(s) = r.control().expand(pb::ExpandRequest { size }).await {
+            let req = pb::ExpandRequest {
+                size,
+                check_only: false,
+            };
+            if let Err(s) = r.control().expand(req).await {
                 if s.code() == tonic::Code::InvalidArgument {
                     return Err(s.message().to_string());
                 }
@@ -152,7 +179,7 @@ impl Volume {
     /// Runs a control operation on every RW replica; refused during a rebuild.
     async fn on_rw<F, Fut>(&self, what: &str, quiesce: bool, op: F) -> Result<(), String>
     where
-        F: Fn(zebu_proto::replica::replica_client::ReplicaClient<tonic::transport::Channel>) -> Fut,
+        F: Fn(super::ControlClient) -> Fut,
         Fut: std::future::Future<Output = Result<(), tonic::Status>>,
     {
         let _ops = self.ops.lock().await;

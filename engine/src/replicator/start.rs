@@ -20,6 +20,14 @@
 //!    damaged, and it cannot tell which) and another replica did not: that one's copy wins.
 //!    Then one flush makes them all durable and equal, and a new epoch is recorded.
 //! 4. Replicas that are reachable but not current are left out; the caller rebuilds them.
+//!
+//! Before all this, the volume's identity (issue 18): the engine's uuid is the one it was
+//! given, else the one its replicas record (they must agree), else a new one (the first
+//! start of a volume, or of replicas made before identity existed). A replica that records
+//! another uuid is not this volume's: it is named in the log and the error, never probed for
+//! currency, fenced, rebuilt or written. Every hello names the uuid; the current replicas'
+//! hellos at start ask them to adopt it if they record none (the upgrade path: see
+//! `identity.rs` of the replica).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
@@ -28,8 +36,9 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 use zebu_proto::replica as pb;
-use zebu_proto::replica::replica_client::ReplicaClient;
 
+use zebu_proto::frames::VolumeClaim;
+use zebu_proto::numbers::Generation;
 use zebu_proto::sums::BlockSums;
 
 use super::{
@@ -56,6 +65,11 @@ pub enum StartError {
          missing replicas back, or start with --salvage to proceed with the best available"
     )]
     NotProvablyCurrent { volume: String, details: String },
+    #[error(
+        "volume {volume}: its replicas record different volume uuids ({details}); give the \
+         engine --volume-uuid, or remove the replicas that are not this volume's"
+    )]
+    Identity { volume: String, details: String },
     #[error("volume {volume}: replica {addr}: {why}")]
     Replica {
         volume: String,
@@ -120,10 +134,23 @@ impl Volume {
         let timeout = opts.config.io_timeout;
         let probes =
             futures::future::join_all(opts.replicas.iter().map(|a| probe(a, timeout))).await;
+        let probes: Vec<Result<Probe, String>> = probes;
+        let uuid = volume_uuid(&volume, opts.config.volume_uuid.as_deref(), &probes)?;
         let mut reachable = Vec::new();
         let mut problems = Vec::new();
+        // Replicas of another volume: reported, and not handed back for a rebuild.
+        let mut foreign = Vec::new();
         for (addr, p) in opts.replicas.iter().zip(probes) {
             match p {
+                Ok(p) if !p.info.volume_uuid.is_empty() && p.info.volume_uuid != uuid => {
+                    let why = format!(
+                        "{addr}: replica {} belongs to volume {}, not to this volume {uuid}; \
+                         left alone",
+                        p.info.replica_id, p.info.volume_uuid
+                    );
+                    tracing::error!(%volume, "{why}");
+                    foreign.push(why);
+                }
                 Ok(p) if p.info.size != opts.config.size => problems.push(format!(
                     "{addr}: size {} differs from the volume size {}",
                     p.info.size, opts.config.size
@@ -132,6 +159,8 @@ impl Volume {
                 Err(why) => problems.push(format!("{addr}: unreachable: {why}")),
             }
         }
+        let problems_to_rebuild = problems.clone();
+        problems.extend(foreign);
         if reachable.is_empty() {
             return Err(StartError::NoneReachable {
                 volume,
@@ -185,11 +214,29 @@ impl Volume {
         stale_addrs.extend(
             opts.replicas
                 .iter()
-                .filter(|a| problems.iter().any(|p| p.starts_with(&format!("{a}:"))))
+                .filter(|a| {
+                    problems_to_rebuild
+                        .iter()
+                        .any(|p| p.starts_with(&format!("{a}:")))
+                })
                 .cloned(),
         );
 
-        let generation = current.iter().map(|p| p.info.generation).max().unwrap_or(0) + 1;
+        let highest = current.iter().map(|p| p.info.generation).max().unwrap_or(0);
+        let generation = Generation(highest)
+            .checked_next()
+            .map_err(|e| StartError::Replica {
+                volume: volume.clone(),
+                addr: "(generation)".into(),
+                why: e.to_string(),
+            })?
+            .0;
+        // The current replicas are this volume's members: one that records no volume (made
+        // before identity existed) adopts this uuid.
+        let claim = VolumeClaim {
+            uuid: uuid.clone(),
+            adopt: true,
+        };
         let mut replicas = Vec::new();
         for p in &current {
             let local = is_local(&p.addr, &opts.config.local_hosts);
@@ -198,6 +245,7 @@ impl Volume {
                 &p.addr,
                 p.channel.clone(),
                 generation,
+                &claim,
                 timeout,
                 local,
             )
@@ -242,6 +290,7 @@ impl Volume {
             .max()
             .unwrap_or(0);
         let v = Arc::new(Volume {
+            uuid: uuid.clone(),
             size: AtomicU64::new(opts.config.size),
             config: opts.config,
             generation,
@@ -281,7 +330,7 @@ impl Volume {
                 why: e.to_string(),
             })?;
         v.start_liveness();
-        tracing::info!(%volume, generation, replicas = v.replicas().len(), ?stale_addrs, "volume started");
+        tracing::info!(%volume, %uuid, generation, replicas = v.replicas().len(), ?stale_addrs, "volume started");
         Ok((v, stale_addrs))
     }
 
@@ -393,6 +442,57 @@ impl Volume {
     }
 }
 
+/// The volume's uuid: `given`, else the one the reachable replicas record (they must agree),
+/// else a new one. See the module docs.
+fn volume_uuid(
+    volume: &str,
+    given: Option<&str>,
+    probes: &[Result<Probe, String>],
+) -> Result<String, StartError> {
+    if let Some(u) = given {
+        return Ok(u.to_string());
+    }
+    let recorded: BTreeSet<(&str, &str)> = probes
+        .iter()
+        .flatten()
+        .filter(|p| !p.info.volume_uuid.is_empty())
+        .map(|p| (p.info.volume_uuid.as_str(), p.addr.as_str()))
+        .collect();
+    let uuids: BTreeSet<&str> = recorded.iter().map(|(u, _)| *u).collect();
+    match uuids.len() {
+        0 => {
+            let u = new_volume_uuid();
+            tracing::info!(volume, uuid = %u, "no replica records a volume uuid: the volume is now {u}");
+            Ok(u)
+        }
+        1 => Ok(uuids.first().expect("invariant: one uuid").to_string()),
+        _ => Err(StartError::Identity {
+            volume: volume.into(),
+            details: recorded
+                .iter()
+                .map(|(u, a)| format!("{a} records {u}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+/// A random (version 4) UUID in its usual text form.
+pub fn new_volume_uuid() -> String {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
 /// Blocks reconcile compares at a time.
 const RECONCILE_PIECE: u64 = 16 << 20;
 
@@ -445,7 +545,7 @@ async fn settle_chains(
         } else if names.len() + 1 == longest.len() && longest.starts_with(&names) {
             let t = template.clone().unwrap_or_default();
             tracing::warn!(volume, replica = %p.addr, snapshot = %t.name, "completing a snapshot an earlier engine left half taken");
-            let mut c: ReplicaClient<Channel> = control_client(p.channel.clone());
+            let mut c = control_client(p.channel.clone());
             let req = pb::SnapshotCreateRequest {
                 name: t.name,
                 user_created: t.user_created,

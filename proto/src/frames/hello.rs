@@ -12,6 +12,68 @@ pub const MAX_HELLO_EXTENSIONS: usize = 4096;
 /// Bit 15 of an extension's kind: a receiver that does not know it must refuse the hello.
 pub const EXTENSION_CRITICAL: u16 = 0x8000;
 
+/// The extension naming the client's volume (issue 18): critical, so a server that cannot
+/// check the identity refuses the hello instead of serving a stranger. Its value is one flags
+/// byte (bit 0: adopt, see [`VolumeClaim`]; other bits 0) followed by the uuid in ASCII.
+pub const EXT_VOLUME: u16 = EXTENSION_CRITICAL | 1;
+/// The longest volume uuid a hello may carry.
+pub const MAX_VOLUME_UUID: usize = 64;
+
+/// Whether `s` can be a volume uuid on the wire: 1 to [`MAX_VOLUME_UUID`] ASCII letters,
+/// digits and dashes (a UUID in its usual text form is one).
+pub fn valid_volume_uuid(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_VOLUME_UUID
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// The volume a client says hello for: the replica refuses the hello unless it belongs to
+/// that volume, or belongs to none yet and may take it (fresh, or `adopt`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeClaim {
+    pub uuid: String,
+    /// Set by an engine only for a replica it lists as a current member: a replica made
+    /// before volume identity existed takes the uuid even though it is not fresh.
+    pub adopt: bool,
+}
+
+impl VolumeClaim {
+    pub fn to_extension(&self) -> Extension {
+        let mut v = Vec::with_capacity(1 + self.uuid.len());
+        v.push(u8::from(self.adopt));
+        v.extend_from_slice(self.uuid.as_bytes());
+        Extension {
+            kind: EXT_VOLUME,
+            value: Bytes::from(v),
+        }
+    }
+
+    /// The claim among `ext`, if there is one; a malformed one is an error.
+    pub fn from_extensions(ext: &Extensions) -> Result<Option<VolumeClaim>, FrameError> {
+        let Some(v) = ext.get(EXT_VOLUME) else {
+            return Ok(None);
+        };
+        let Some((&flags, uuid)) = v.split_first() else {
+            return Err(FrameError::BadExtensions("an empty volume extension"));
+        };
+        if flags & !1 != 0 {
+            return Err(FrameError::BadExtensions(
+                "unknown flags in the volume extension",
+            ));
+        }
+        let uuid = std::str::from_utf8(uuid)
+            .ok()
+            .filter(|u| valid_volume_uuid(u))
+            .ok_or(FrameError::BadExtensions(
+                "the volume extension's uuid is not 1-64 letters, digits and dashes",
+            ))?;
+        Ok(Some(VolumeClaim {
+            uuid: uuid.to_string(),
+            adopt: flags & 1 != 0,
+        }))
+    }
+}
+
 /// One hello extension: a kind and its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Extension {

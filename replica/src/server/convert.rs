@@ -16,13 +16,16 @@ pub fn code_of(e: &ReplicaError) -> Code {
         ReplicaError::Invalid(_) | ReplicaError::OutOfRange { .. } => Code::InvalidArgument,
         ReplicaError::UnknownSnapshot(_) => Code::NotFound,
         ReplicaError::SnapshotExists(_) => Code::AlreadyExists,
-        ReplicaError::StaleGeneration { .. } => Code::FailedPrecondition,
+        ReplicaError::StaleGeneration { .. }
+        | ReplicaError::WrongVolume { .. }
+        | ReplicaError::UnclaimedVolume { .. } => Code::FailedPrecondition,
         ReplicaError::Closed => Code::Unavailable,
         ReplicaError::NoSpace(_) => Code::ResourceExhausted,
         ReplicaError::ChecksumMismatch { .. } => Code::DataLoss,
         ReplicaError::SizeMismatch { .. }
         | ReplicaError::NotAReplica { .. }
         | ReplicaError::Corrupt { .. }
+        | ReplicaError::Lost(_)
         | ReplicaError::Io { .. } => Code::Internal,
     }
 }
@@ -38,7 +41,9 @@ pub fn data_status_of(e: &ReplicaError) -> DataStatus {
         ReplicaError::Invalid(_)
         | ReplicaError::OutOfRange { .. }
         | ReplicaError::UnknownSnapshot(_)
-        | ReplicaError::SnapshotExists(_) => DataStatus::Invalid,
+        | ReplicaError::SnapshotExists(_)
+        | ReplicaError::WrongVolume { .. }
+        | ReplicaError::UnclaimedVolume { .. } => DataStatus::Invalid,
         // A fenced or closed replica cannot serve this engine; retrying elsewhere helps.
         ReplicaError::Closed | ReplicaError::StaleGeneration { .. } => DataStatus::Unavailable,
         ReplicaError::NoSpace(_) => DataStatus::NoSpace,
@@ -46,6 +51,7 @@ pub fn data_status_of(e: &ReplicaError) -> DataStatus {
         ReplicaError::SizeMismatch { .. }
         | ReplicaError::NotAReplica { .. }
         | ReplicaError::Corrupt { .. }
+        | ReplicaError::Lost(_)
         | ReplicaError::Io { .. } => DataStatus::IoError,
     }
 }
@@ -89,6 +95,7 @@ pub fn info_to_pb(info: ReplicaInfo, open: bool) -> pb::InfoResponse {
             corrupt_found: info.corrupt_found,
         }),
         replica_id: info.replica_id,
+        volume_uuid: info.volume_uuid.unwrap_or_default(),
     }
 }
 

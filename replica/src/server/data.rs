@@ -26,6 +26,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 use zebu_proto::frames::{Request, RequestOp, Response};
+use zebu_proto::numbers::Generation;
 use zebu_proto::replica as pb;
 use zebu_proto::replica::data_request::Op;
 
@@ -71,7 +72,8 @@ async fn run(shared: Arc<Shared>, mut inbound: Streaming<pb::DataRequest>, tx: T
 
     let mut fence = shared.fence.subscribe();
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    let byte_budget = Arc::new(Semaphore::new(BUDGET_UNITS as usize));
+    // The port's budget, shared with every other stream (module docs of `server`).
+    let byte_budget = shared.in_flight.clone();
     let end: Option<Status> = loop {
         if let Some(why) = fenced(*fence.borrow_and_update(), generation, closes) {
             break Some(why);
@@ -128,25 +130,41 @@ async fn hello(
         ));
     };
     let v = hello.protocol_version;
+    let claim = match hello.volume_uuid.as_str() {
+        "" => None,
+        u if zebu_proto::frames::valid_volume_uuid(u) => Some(zebu_proto::frames::VolumeClaim {
+            uuid: u.to_string(),
+            adopt: hello.adopt_volume,
+        }),
+        u => {
+            return Err(Status::invalid_argument(format!(
+                "bad hello: volume uuid {u:?} is not 1-64 letters, digits and dashes"
+            )));
+        }
+    };
     accept(
         shared,
         v,
         pb::MIN_PROTOCOL_VERSION..=pb::PROTOCOL_VERSION,
         hello.generation,
+        claim,
     )
     .await
     .map(|(g, c)| (v, g, c))
 }
 
 /// Accepts a data stream's hello, whatever its transport: checks the protocol version
-/// against the versions the transport speaks, refuses a generation lower than the accepted
-/// one, persists and announces a higher one (which fences older streams of every transport).
+/// against the versions the transport speaks, checks the volume the hello names against the
+/// replica's (before anything else, so a stranger fences nothing; `Replica::claim_volume`),
+/// refuses a generation lower than the accepted one or implausibly far above it, persists
+/// and announces a higher one (which fences older streams of every transport).
 /// Returns the generation with the close count it saw, for [`fenced`].
 pub(super) async fn accept(
     shared: &Shared,
     version: u32,
     speaks: std::ops::RangeInclusive<u32>,
     g: u64,
+    claim: Option<zebu_proto::frames::VolumeClaim>,
 ) -> Result<(u64, u64), Status> {
     if !speaks.contains(&version) {
         return Err(Status::failed_precondition(format!(
@@ -154,6 +172,14 @@ pub(super) async fn accept(
             speaks.start(),
             speaks.end()
         )));
+    }
+    {
+        let current = shared.current().await?;
+        current
+            .replica
+            .claim_volume(claim.as_ref())
+            .await
+            .map_err(super::to_status)?;
     }
     {
         // Another stream of the accepted generation (engines may open several): nothing to
@@ -169,6 +195,9 @@ pub(super) async fn accept(
     };
     if g < state.generation {
         return Err(stale(g, state.generation));
+    }
+    if let Err(e) = Generation(state.generation).accepts(Generation(g)) {
+        return Err(Status::invalid_argument(e.to_string()));
     }
     if let Err(e) = replica.accept_generation(g).await {
         return Err(match e {
@@ -242,6 +271,11 @@ pub(super) fn request_units(req: &Request) -> u32 {
         RequestOp::Write { data, .. } => units_for(0, data.len() as u64),
         _ => units_for(0, 0),
     }
+}
+
+/// `bytes` in budget units, for sizing a semaphore.
+pub(super) fn units_of_bytes(bytes: u64) -> usize {
+    bytes.div_ceil(BUDGET_UNIT) as usize
 }
 
 /// [`budget_units`] of a read of `read` bytes or a write of `written` bytes (whatever the
@@ -355,7 +389,8 @@ pub(super) async fn run_op(
                 ..Response::ok(id)
             })
         }
-        RequestOp::Ping => Ok(Response::ok(id)),
+        // Answered OK only by a replica that still has its files (`health.rs` in the store).
+        RequestOp::Ping => replica.check_files().map(|()| Response::ok(id)),
     };
     result.unwrap_or_else(|e| {
         let status = data_status_of(&e);

@@ -44,12 +44,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Code, Status};
 use tracing::{Instrument, debug, info, info_span};
+use zebu_proto::auth;
 use zebu_proto::frames::{
     self, Batch, Decoded, FrameError, Hello, REQUEST_HEADER_LEN, Request, RequestHeader, Response,
 };
 use zebu_proto::replica as pb;
 
-use super::data::{self, BUDGET_UNITS};
+use super::data;
 use super::{MAX_IN_FLIGHT, Shared};
 use crate::io::{AlignedBuf, IO_ALIGN};
 
@@ -98,25 +99,38 @@ where
         rd,
         buf: BytesMut::with_capacity(READ_CHUNK),
         direct: None,
+        budget: shared.receiving.clone(),
+        receiving: None,
     };
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, reader.hello()).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => return info!("frames connection dropped before its hello: {e}"),
         Err(_) => return info!("frames connection dropped: no hello within {HELLO_TIMEOUT:?}"),
     };
-    // No extension is known yet (frames.rs in proto: "Hello extensions").
-    let accepted = match hello.extensions.unknown_critical(&[]) {
-        Some(kind) => Err(Status::invalid_argument(format!(
+    // The extensions this replica knows (frames.rs in proto: "Hello extensions").
+    let claim = frames::VolumeClaim::from_extensions(&hello.extensions);
+    let known = [frames::EXT_VOLUME, auth::EXT_AUTH];
+    let accepted = match (hello.extensions.unknown_critical(&known), claim) {
+        (Some(kind), _) => Err(Status::invalid_argument(format!(
             "the hello asks for critical extension {kind:#06x}, which this replica does not know"
         ))),
-        None => {
-            data::accept(
-                &shared,
-                hello.version,
-                frames::MIN_VERSION..=frames::VERSION,
-                hello.generation,
-            )
-            .await
+        (None, Err(e)) => Err(Status::invalid_argument(format!("bad hello: {e}"))),
+        (None, Ok(claim)) => {
+            // Authenticated before the generation is looked at: a client without the secret
+            // fences nothing.
+            match authenticate(&shared, &hello, claim.as_ref(), &mut reader, &mut wr).await {
+                Ok(()) => {
+                    data::accept(
+                        &shared,
+                        hello.version,
+                        frames::MIN_VERSION..=frames::VERSION,
+                        hello.generation,
+                        claim,
+                    )
+                    .await
+                }
+                Err(status) => Err(status),
+            }
         }
     };
     let (generation, closes) = match accepted {
@@ -228,7 +242,8 @@ where
 {
     let mut fence = shared.fence.subscribe();
     let count = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    let bytes = Arc::new(Semaphore::new(BUDGET_UNITS as usize));
+    // The port's budget, shared with every other stream (module docs of `server`).
+    let bytes = shared.in_flight.clone();
     let mut running = FuturesUnordered::new();
     // A request read but not started: the budget is spent until answers are written.
     let mut waiting: Option<(Request, u32)> = None;
@@ -358,6 +373,73 @@ async fn execute(
 }
 
 /// The frames status for a status that ends or refuses a gRPC stream.
+/// The challenge-response of `zebu_proto::auth` ("Data frames"), when the replica has a
+/// secret or the client asks for it: answers the first hello with a challenge and checks the
+/// proof in the second.
+async fn authenticate<R, W>(
+    shared: &Shared,
+    hello: &Hello,
+    claim: Option<&frames::VolumeClaim>,
+    reader: &mut FrameReader<R>,
+    wr: &mut W,
+) -> Result<(), Status>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let (secret, nc) = match (&shared.secret, hello.extensions.get(auth::EXT_AUTH)) {
+        (None, None) => return Ok(()),
+        (None, Some(_)) => {
+            return Err(Status::failed_precondition(
+                "the hello asks to authenticate, but this replica was started without the \
+                 volume's secret",
+            ));
+        }
+        (Some(_), None) => {
+            return Err(Status::unauthenticated(
+                "this replica requires authentication: the hello carries no proof of the \
+                 volume's secret (give the engine the volume's secret file)",
+            ));
+        }
+        (Some(s), Some(nc)) => (s, nc.clone()),
+    };
+    if nc.len() != auth::NONCE_LEN {
+        return Err(Status::invalid_argument(
+            "bad hello: the auth nonce is not 32 bytes",
+        ));
+    }
+    let volume = claim.map_or("", |c| c.uuid.as_str());
+    let ns = auth::nonce();
+    let challenge = frames::Extensions(vec![frames::Extension {
+        kind: auth::EXT_AUTH,
+        value: secret.server_challenge(&nc, &ns, volume).into(),
+    }]);
+    let answer = Response {
+        data: challenge.encode().into(),
+        ..Response::ok(0)
+    };
+    write_one(wr, &answer)
+        .await
+        .map_err(|e| Status::unavailable(format!("connection lost at the challenge: {e}")))?;
+    let proof = match tokio::time::timeout(HELLO_TIMEOUT, reader.hello()).await {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => return Err(Status::unauthenticated(format!("no proof hello: {e}"))),
+        Err(_) => return Err(Status::unauthenticated("no proof within the hello timeout")),
+    };
+    if proof.version != hello.version || proof.generation != hello.generation {
+        return Err(Status::unauthenticated(
+            "the proof's hello differs from the first hello",
+        ));
+    }
+    let p = proof
+        .extensions
+        .get(auth::EXT_AUTH)
+        .ok_or_else(|| Status::unauthenticated("the second hello carries no proof"))?;
+    secret
+        .check_client(&nc, &ns, volume, hello.version, hello.generation, p)
+        .map_err(|e| Status::unauthenticated(e.to_string()))
+}
+
 fn frame_status(s: &Status) -> pb::Status {
     match s.code() {
         Code::InvalidArgument | Code::OutOfRange => pb::Status::Invalid,
@@ -375,6 +457,10 @@ struct FrameReader<R> {
     /// A large write whose payload is being read into aligned memory (see
     /// [`DIRECT_PAYLOAD_MIN`]); kept here, not in a local, so `next` stays cancel-safe.
     direct: Option<DirectPayload>,
+    /// The port's budget for payload still arriving (`PORT_BYTES_RECEIVING`).
+    budget: Arc<Semaphore>,
+    /// The share of it the write being received holds, from its header until it is whole.
+    receiving: Option<OwnedSemaphorePermit>,
 }
 
 struct DirectPayload {
@@ -405,6 +491,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if let Some(p) = &mut self.direct {
                 if p.filled == p.data.len() {
                     let p = self.direct.take().expect("invariant: checked just above");
+                    self.receiving = None;
                     return Ok(Some(p.header.into_request(p.sums, p.data.into_bytes())));
                 }
                 // One read per poll: cancel-safe, nothing read is lost if dropped.
@@ -419,6 +506,19 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 let h = RequestHeader::decode(head)?;
                 let len = h.payload_len();
                 let whole = self.buf.len() >= REQUEST_HEADER_LEN + len;
+                if !whole && len > 0 && self.receiving.is_none() {
+                    // Before any buffer for the payload exists. Cancel-safe: the header stays
+                    // in `buf` and the permit, once taken, in `self`.
+                    let cap = data::units_of_bytes(super::PORT_BYTES_RECEIVING) as u32;
+                    let units = data::units_for(0, len as u64).min(cap);
+                    let permit = self
+                        .budget
+                        .clone()
+                        .acquire_many_owned(units)
+                        .await
+                        .expect("invariant: the semaphore is never closed");
+                    self.receiving = Some(permit);
+                }
                 let data_len = h.length as usize;
                 let sums_len = h.sums_len();
                 if h.is_write()
@@ -450,7 +550,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 }
             }
             match frames::decode_request(&mut self.buf)? {
-                Decoded::Frame(req) => return Ok(Some(req)),
+                Decoded::Frame(req) => {
+                    self.receiving = None;
+                    return Ok(Some(req));
+                }
                 Decoded::Need(total) => {
                     if !self.fill(total).await? {
                         return Ok(None);

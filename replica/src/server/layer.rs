@@ -91,9 +91,20 @@ pub(super) async fn read_layer(
                 .await
                 .map_err(to_status)?
         } else {
+            // Checked whole before the first chunk: a range past the layer's end is an
+            // error, not a stream of zeros without end.
+            let size = layer_size(&cur.replica, layer.as_deref())?;
             let mut ranges = Vec::with_capacity(req.extents.len());
             for e in &req.extents {
-                ranges.push(e.offset..range_end(e.offset, e.length)?);
+                let end = range_end(e.offset, e.length)?;
+                if end > size {
+                    return Err(to_status(ReplicaError::OutOfRange {
+                        offset: e.offset,
+                        length: e.length,
+                        size,
+                    }));
+                }
+                ranges.push(e.offset..end);
             }
             ranges
         }

@@ -30,11 +30,17 @@
 //! larger ones are answered `STATUS_INVALID`. A data stream executes at most
 //! [`MAX_IN_FLIGHT`] requests and [`MAX_BYTES_IN_FLIGHT`] of payload at once and stops
 //! reading its input beyond that, so a flood is back-pressured by HTTP/2 flow control
-//! instead of filling memory.
+//! instead of filling memory. Byte budgets are the port's, not each stream's: all streams
+//! together hold at most [`PORT_BYTES_IN_FLIGHT`] of payload, and frames connections at
+//! most [`PORT_BYTES_RECEIVING`] of write payload still arriving, taken before its buffer
+//! is allocated (issue 18: eight connections each holding a partly sent 16 MiB write took
+//! 132 MB before).
 
 mod convert;
 mod data;
 mod frames;
+#[doc(hidden)]
+pub mod fuzzing;
 mod layer;
 mod listen;
 
@@ -46,8 +52,11 @@ use std::sync::Arc;
 
 use futures::Stream;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock, watch};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, Span, info, info_span};
+use zebu_proto::auth::{GRPC_AUTH_HEADER, ReplayGuard, Secret, now_secs};
 use zebu_proto::replica as pb;
 use zebu_proto::replica::replica_server::{Replica as ReplicaRpc, ReplicaServer as ReplicaSvc};
 
@@ -57,9 +66,18 @@ use crate::store::{Replica, ReplicaInfo};
 pub use zebu_proto::replica::{MAX_IO_BYTES, MAX_MESSAGE_BYTES};
 /// Requests one data stream executes at once.
 pub const MAX_IN_FLIGHT: usize = 256;
-/// Read and write payload one data stream holds in memory at once (requests running or
-/// answered but not yet sent); beyond it the stream stops reading its input.
+/// The most payload one request may count against the port's budget (a larger one is
+/// refused without allocating anyway); see [`PORT_BYTES_IN_FLIGHT`] for the budget itself.
 pub const MAX_BYTES_IN_FLIGHT: u64 = 128 << 20;
+/// Read and write payload all data streams of the port hold at once (requests running or
+/// answered but not yet sent): one budget across connections, so more connections do not
+/// mean more memory.
+pub const PORT_BYTES_IN_FLIGHT: u64 = 256 << 20;
+/// Write payload being received (its header read, its data not all there) on all frames
+/// connections at once. A connection takes its share *before* the buffer for the payload is
+/// allocated, so clients that send headers and trickle (or never send) their data hold at
+/// most this much memory, however many connections they open.
+pub const PORT_BYTES_RECEIVING: u64 = 32 << 20;
 /// Size of the chunks `ReadLayer` streams.
 pub const LAYER_CHUNK_BYTES: u64 = 1 << 20;
 /// The largest range one `Scrub` call verifies.
@@ -91,6 +109,15 @@ struct Shared {
     span: Span,
     /// The local socket's name (`@…`, abstract), once [`ReplicaServer::serve`] bound it.
     local_socket: std::sync::OnceLock<String>,
+    /// The volume's secret: when set, only clients that prove they hold it are served
+    /// (`zebu_proto::auth`).
+    secret: Option<Secret>,
+    /// gRPC tokens already used.
+    replay: ReplayGuard,
+    /// [`PORT_BYTES_IN_FLIGHT`], in `data.rs` budget units, shared by every data stream.
+    in_flight: Arc<tokio::sync::Semaphore>,
+    /// [`PORT_BYTES_RECEIVING`], in the same units, shared by every frames connection.
+    receiving: Arc<tokio::sync::Semaphore>,
 }
 
 /// The gRPC service of one replica directory. Cheap to clone; clones share everything.
@@ -127,8 +154,18 @@ impl Shared {
 }
 
 impl ReplicaServer {
-    /// A server for the replica in `dir`, already opened as `replica`.
+    /// A server for the replica in `dir`, already opened as `replica`, that serves everyone.
     pub fn new(dir: &Path, io: IoEngine, replica: Arc<Replica>) -> ReplicaServer {
+        ReplicaServer::with_secret(dir, io, replica, None)
+    }
+
+    /// [`ReplicaServer::new`] that, given a secret, serves only clients proving they hold it.
+    pub fn with_secret(
+        dir: &Path,
+        io: IoEngine,
+        replica: Arc<Replica>,
+        secret: Option<Secret>,
+    ) -> ReplicaServer {
         let info = replica.info();
         let span = info_span!("replica", dir = %dir.display(), id = %info.replica_id);
         let fence = Fence {
@@ -149,15 +186,26 @@ impl ReplicaServer {
                 fence: watch::Sender::new(fence),
                 span,
                 local_socket: std::sync::OnceLock::new(),
+                secret,
+                replay: ReplayGuard::default(),
+                in_flight: Arc::new(tokio::sync::Semaphore::new(data::units_of_bytes(
+                    PORT_BYTES_IN_FLIGHT,
+                ))),
+                receiving: Arc::new(tokio::sync::Semaphore::new(data::units_of_bytes(
+                    PORT_BYTES_RECEIVING,
+                ))),
             }),
         }
     }
 
-    /// The tonic service, with the message size limits set.
-    pub fn into_service(self) -> ReplicaSvc<ReplicaServer> {
-        ReplicaSvc::new(self)
+    /// The tonic service, with the message size limits set and, with a secret, every call's
+    /// token checked before it runs.
+    pub fn into_service(self) -> InterceptedService<ReplicaSvc<ReplicaServer>, CheckToken> {
+        let check = CheckToken(self.shared.clone());
+        let svc = ReplicaSvc::new(self)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        InterceptedService::new(svc, check)
     }
 
     /// Closes the replica (waiting for requests in flight) and ends every data stream.
@@ -191,6 +239,30 @@ impl ReplicaServer {
         state.last_info = None;
         info!(parent: &shared.span, "replica opened");
         Ok(info)
+    }
+}
+
+/// Checks the gRPC token of every call when the replica has a secret (`zebu_proto::auth`);
+/// a call without a valid one is refused UNAUTHENTICATED before it runs.
+#[derive(Clone)]
+pub struct CheckToken(Arc<Shared>);
+
+impl Interceptor for CheckToken {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(secret) = &self.0.secret else {
+            return Ok(req);
+        };
+        let token = req
+            .metadata()
+            .get(GRPC_AUTH_HEADER)
+            .and_then(|v| v.to_str().ok());
+        match secret.check_grpc_token(token, now_secs(), &self.0.replay) {
+            Ok(()) => Ok(req),
+            Err(e) => {
+                info!(parent: &self.0.span, "gRPC call refused: {e}");
+                Err(Status::unauthenticated(e.to_string()))
+            }
+        }
     }
 }
 
@@ -298,8 +370,12 @@ impl ReplicaRpc for ReplicaServer {
         &self,
         request: Request<pb::ExpandRequest>,
     ) -> Result<Response<pb::InfoResponse>, Status> {
-        let size = request.into_inner().size;
-        control!(self, "expand", |r| r.expand(size))
+        let req = request.into_inner();
+        if req.check_only {
+            control!(self, "expand_check", |r| r.expand_check(req.size))
+        } else {
+            control!(self, "expand", |r| r.expand(req.size))
+        }
     }
 
     async fn set_epoch(

@@ -346,6 +346,7 @@ impl Replica {
         self.check_open()?;
         super::snapshot::check_aligned(offset, len)?;
         let id = self.layer_id(layer)?;
+        self.check_layer_range(id, offset, len)?;
         let mut got = self.read_layer_once(id, offset, len, false).await?;
         if !got.corrupt.is_empty() {
             // As in `read_verified`: look again with no write or copy in flight.

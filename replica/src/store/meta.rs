@@ -96,6 +96,12 @@ pub struct LayerMeta {
 pub struct Meta {
     pub format_version: u32,
     pub replica_id: String,
+    /// The uuid of the volume this replica belongs to; absent in replicas made before volume
+    /// identity and in fresh ones until the first engine says hello (`Replica::claim_volume`).
+    /// A build without the field keeps reading the file (serde skips unknown fields), but
+    /// drops it at its next metadata change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_uuid: Option<String>,
     pub size: u64,
     pub region_size: u64,
     /// Highest engine generation accepted (fencing).

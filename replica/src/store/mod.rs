@@ -47,6 +47,8 @@
 
 mod extent;
 mod fsops;
+mod health;
+mod identity;
 mod integrity;
 mod meta;
 mod regions;
@@ -110,6 +112,7 @@ pub struct LayerInfo {
 #[derive(Debug, Clone)]
 pub struct ReplicaInfo {
     pub replica_id: String,
+    pub volume_uuid: Option<String>,
     pub size: u64,
     pub generation: u64,
     pub epoch: u64,
@@ -245,6 +248,8 @@ pub struct Replica {
     adopted: Mutex<BTreeSet<u64>>,
     adopted_total: AtomicU64,
     corrupt_found: AtomicU64,
+    /// Set when its files went away under it (`health.rs`): every request fails.
+    lost: Mutex<Option<String>>,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ReplicaError {
@@ -298,6 +303,7 @@ fn is_replica_leftover(name: &str) -> bool {
     name == META_TMP
         || name == REGIONS_FILE
         || name == CLEAN_CLOSE
+        || name == snapshot::EXPAND_PROBE
         || LayerId::from_file_name(name).is_some()
         || id_from_sum_name(name).is_some()
 }
@@ -342,6 +348,7 @@ impl Replica {
             let meta = Meta {
                 format_version: meta::FORMAT_VERSION,
                 replica_id: random_id(),
+                volume_uuid: None,
                 size,
                 region_size,
                 generation: 0,
@@ -433,7 +440,9 @@ impl Replica {
             adopted: Mutex::new(BTreeSet::new()),
             adopted_total: AtomicU64::new(0),
             corrupt_found: AtomicU64::new(0),
+            lost: Mutex::new(None),
         });
+        replica.spawn_file_watch();
         if !checksums {
             tracing::warn!(dir = %dir.display(), "checksums are off: nothing read is verified, and every layer's checksums are computed anew when they are on again");
         } else {
@@ -475,7 +484,7 @@ impl Replica {
         if self.closed.load(Ordering::Acquire) {
             Err(ReplicaError::Closed)
         } else {
-            Ok(())
+            self.check_not_lost()
         }
     }
 
@@ -850,6 +859,8 @@ impl Replica {
         let _f = self.flush_lock.lock().await;
         let n = self.regions.start_flush(flush_number).await?;
         self.sync_head().await?;
+        // Never a durable flush over files that are gone (`health.rs`).
+        self.check_files()?;
         self.regions.complete_flush(n).await?;
         Ok(n)
     }
@@ -878,6 +889,7 @@ impl Replica {
                 accepted,
             });
         }
+        identity::check_generation(accepted, generation)?;
         if generation > accepted {
             self.commit_meta(|m| {
                 m.generation = generation;
@@ -897,10 +909,27 @@ impl Replica {
     pub async fn set_epoch(&self, epoch: u64, members: Vec<String>) -> Result<()> {
         let _ops = self.ops.lock().await;
         self.check_open()?;
-        let current = self.meta().epoch;
+        let (current, me) = {
+            let m = self.meta();
+            (m.epoch, m.replica_id.clone())
+        };
         if epoch < current {
             return Err(ReplicaError::Invalid(format!(
                 "epoch {epoch} is lower than the recorded epoch {current}"
+            )));
+        }
+        identity::check_epoch(current, epoch)?;
+        // An epoch names the current replicas; a replica recording one that leaves it out
+        // would be refused as stale by the next engine, so such a request is wrong.
+        if !members.contains(&me) {
+            return Err(ReplicaError::Invalid(format!(
+                "epoch {epoch}'s members {members:?} do not include this replica ({me})"
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(dup) = members.iter().find(|m| !seen.insert(m.as_str())) {
+            return Err(ReplicaError::Invalid(format!(
+                "epoch {epoch}'s members name {dup} twice"
             )));
         }
         self.commit_meta(move |m| {
@@ -959,6 +988,7 @@ impl Replica {
             .collect();
         ReplicaInfo {
             replica_id: meta.replica_id.clone(),
+            volume_uuid: meta.volume_uuid.clone(),
             size: meta.size,
             generation: meta.generation,
             epoch: meta.epoch,
@@ -1004,6 +1034,10 @@ impl Replica {
         }
         let _g = self.gate.write().await;
         self.sync_head().await?;
+        if let Some(why) = self.lost() {
+            // Not a clean close: what is left must be settled (or replaced) at the next open.
+            return Err(ReplicaError::Lost(why));
+        }
         // Every sum matches its data now: the next open need not settle (`sums.rs`).
         let dir = self.dir.clone();
         blocking("mark the close clean", move || {
@@ -1042,6 +1076,7 @@ fn open_files(d: &Path, cache: CacheMode, checksums: bool) -> Result<Opened> {
         let e = e.map_err(io_err(format!("list {}", d.display())))?;
         let name = e.file_name().to_string_lossy().into_owned();
         let stray = name == META_TMP
+            || name == snapshot::EXPAND_PROBE
             || LayerId::from_file_name(&name).is_some_and(|id| meta.layer(id).is_none())
             || id_from_sum_name(&name).is_some_and(|id| meta.layer(id).is_none());
         if stray {

@@ -358,6 +358,9 @@ impl Regions {
                     st.flushed
                 )));
             }
+            // Bounded, so `number + 1` below cannot wrap and an accepted number always has a
+            // successor (`numbers.rs` in proto).
+            super::identity::check_flush_number(st.flushed.max(st.pending), number)?;
             // A region written under a tag above `number` stays dirty after this flush.
             st.pending = st.pending.max(number + 1);
             number

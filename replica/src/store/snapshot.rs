@@ -370,26 +370,59 @@ impl Replica {
         }
     }
 
-    /// Grows the volume to `new_size` bytes (a multiple of the block size).
-    pub async fn expand(&self, new_size: u64) -> Result<()> {
+    /// Whether [`Replica::expand`] to `new_size` would succeed as far as can be known without
+    /// changing anything: the size is valid, and the filesystem takes a (sparse) file that
+    /// long, which a probe file shows (ext4 refuses files above 16 TiB with EFBIG).
+    pub async fn expand_check(&self, new_size: u64) -> Result<()> {
         let _ops = self.ops.lock().await;
         self.check_open()?;
+        self.check_new_size(new_size)?;
+        let probe = self.dir.join(EXPAND_PROBE);
+        blocking("probe the filesystem's file size limit", move || {
+            let r = std::fs::File::create(&probe).and_then(|f| f.set_len(new_size));
+            let _ = std::fs::remove_file(&probe);
+            r.map_err(|e| too_large(new_size, e))
+        })
+        .await
+    }
+
+    fn check_new_size(&self, new_size: u64) -> Result<()> {
         let size = self.size();
         if new_size < size || !new_size.is_multiple_of(BLOCK_SIZE) {
             return Err(ReplicaError::Invalid(format!(
                 "new size {new_size} must be a multiple of {BLOCK_SIZE} and not below the current {size}"
             )));
         }
+        // The region record keeps one number per region in memory and on disk, at the region
+        // size chosen at creation: bounded, so a huge expansion cannot take all memory.
+        let rs = self.regions.region_size();
+        let limit = rs.saturating_mul(MAX_GROWN_REGIONS);
+        if new_size > limit {
+            return Err(ReplicaError::Invalid(format!(
+                "new size {new_size} is above {limit} bytes, the most a replica with regions of \
+                 {rs} bytes can grow to"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Grows the volume to `new_size` bytes (a multiple of the block size).
+    pub async fn expand(&self, new_size: u64) -> Result<()> {
+        let _ops = self.ops.lock().await;
+        self.check_open()?;
+        self.check_new_size(new_size)?;
+        let size = self.size();
         if new_size == size {
             return Ok(());
         }
         let _g = self.gate.write().await;
         let head = self.chain().head_file();
         blocking("grow head", move || {
+            // A size the filesystem refuses changes nothing: the refusal is the request's.
             head.file()
                 .set_len(new_size)
-                .and_then(|_| head.file().sync_all())
-                .map_err(io_err("grow head"))
+                .map_err(|e| too_large(new_size, e))?;
+            head.file().sync_all().map_err(io_err("grow head"))
         })
         .await?;
         self.regions.grow(new_size)?;
@@ -574,14 +607,7 @@ impl Replica {
         let _g = self.gate.read().await;
         self.check_open()?;
         let id = self.layer_id(Some(name))?;
-        let size = self.meta().layer(id).map_or(0, |l| l.size);
-        if offset + data.len() as u64 > size {
-            return Err(ReplicaError::OutOfRange {
-                offset,
-                length: data.len() as u64,
-                size,
-            });
-        }
+        self.check_layer_range(id, offset, data.len() as u64)?;
         let (file, sum_file) = {
             let c = self.chain();
             (c.files[&id].clone(), c.sums[&id].clone())
@@ -638,6 +664,24 @@ impl Replica {
             .sum();
         self.chain_mut().data_bytes.insert(id, bytes);
         Ok(())
+    }
+}
+
+/// The most regions a replica may have after expansions: four times what a new replica is
+/// given (`regions::MAX_REGIONS`), 32 MiB of region record.
+const MAX_GROWN_REGIONS: u64 = 4 * super::regions::MAX_REGIONS;
+
+/// The probe file of [`Replica::expand_check`]; `open` deletes one a crash left.
+pub(super) const EXPAND_PROBE: &str = "expand-probe.tmp";
+
+/// A failed `set_len(size)`: EFBIG (and EINVAL) mean the filesystem cannot hold a file that
+/// long, a refusal of the size rather than a failure of the replica.
+fn too_large(size: u64, e: std::io::Error) -> ReplicaError {
+    match e.raw_os_error() {
+        Some(libc::EFBIG) | Some(libc::EINVAL) => ReplicaError::Invalid(format!(
+            "the replica's filesystem cannot hold a volume of {size} bytes ({e})"
+        )),
+        _ => ReplicaError::io(format!("grow to {size} bytes"), e),
     }
 }
 

@@ -400,10 +400,11 @@ fn generation_fencing_persists() {
                 accepted: 5
             })
         ));
-        r.set_epoch(3, vec!["a".into(), "b".into()])
+        let me = r.info().replica_id;
+        r.set_epoch(3, vec![me.clone(), "b".into()])
             .await
             .expect("epoch");
-        assert!(r.set_epoch(2, vec![]).await.is_err());
+        assert!(r.set_epoch(2, vec![me.clone()]).await.is_err());
         r.close().await.expect("close");
         drop(r);
         let r = Replica::open(dir.path(), io()).await.expect("reopen");
@@ -413,7 +414,7 @@ fn generation_fencing_persists() {
         ));
         let info = r.info();
         assert_eq!((info.generation, info.epoch), (5, 3));
-        assert_eq!(info.epoch_members, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(info.epoch_members, vec![me, "b".to_string()]);
     });
 }
 
@@ -642,5 +643,148 @@ fn writes_during_a_merge_into_the_head_stay_visible() {
                 "block {b}"
             );
         }
+    });
+}
+
+fn claim(uuid: &str, adopt: bool) -> zebu_proto::frames::VolumeClaim {
+    zebu_proto::frames::VolumeClaim {
+        uuid: uuid.into(),
+        adopt,
+    }
+}
+
+/// The table of `identity.rs`, case by case, and that a recorded uuid survives a reopen.
+#[test]
+fn volume_identity_is_recorded_checked_and_adopted_only_by_a_member() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), 1 << 20, io())
+            .await
+            .expect("create");
+        // Fresh, no uuid: a client without one is served as before identity existed.
+        r.claim_volume(None).await.expect("no uuid either side");
+        assert_eq!(r.volume_uuid(), None);
+        // Fresh: takes the first uuid named, durably.
+        r.claim_volume(Some(&claim("vol-a", false)))
+            .await
+            .expect("fresh replica takes a uuid");
+        r.claim_volume(Some(&claim("vol-a", false)))
+            .await
+            .expect("its own volume");
+        for other in [
+            Some(claim("vol-b", false)),
+            Some(claim("vol-b", true)),
+            None,
+        ] {
+            let e = r.claim_volume(other.as_ref()).await.unwrap_err();
+            assert!(
+                matches!(&e, ReplicaError::WrongVolume { has, .. } if has == "vol-a"),
+                "{e}"
+            );
+            let text = e.to_string();
+            assert!(text.contains("vol-a"), "{text}");
+        }
+        let e = r
+            .claim_volume(Some(&claim("vol-b", false)))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("vol-b"), "names both uuids: {e}");
+        r.close().await.expect("close");
+        drop(r);
+        let r = Replica::open(dir.path(), io()).await.expect("reopen");
+        assert_eq!(r.volume_uuid().as_deref(), Some("vol-a"), "durable");
+        assert_eq!(r.info().volume_uuid.as_deref(), Some("vol-a"));
+        r.close().await.expect("close");
+    });
+}
+
+/// A replica made before identity that was a member of an epoch: only a claim with adopt
+/// (an engine that lists it as current) gives it a uuid.
+#[test]
+fn a_former_member_without_identity_is_adopted_only_with_adopt() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), 1 << 20, io())
+            .await
+            .expect("create");
+        let me = r.info().replica_id;
+        r.set_epoch(4, vec![me]).await.expect("epoch");
+        let e = r
+            .claim_volume(Some(&claim("vol-x", false)))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, ReplicaError::UnclaimedVolume { epoch: 4, .. }),
+            "{e}"
+        );
+        assert_eq!(r.volume_uuid(), None, "nothing recorded");
+        r.claim_volume(Some(&claim("vol-x", true)))
+            .await
+            .expect("adopted by a member's engine");
+        assert_eq!(r.volume_uuid().as_deref(), Some("vol-x"));
+        r.close().await.expect("close");
+    });
+}
+
+/// Counters from the wire: a value near u64::MAX or far ahead is refused and changes nothing
+/// (issue 18, finding 2: one such flush, hello or SetEpoch made a replica unservable).
+#[test]
+fn counters_from_the_wire_are_bounded() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), 1 << 20, io())
+            .await
+            .expect("create");
+        let me = r.info().replica_id;
+        assert!(r.accept_generation(u64::MAX).await.is_err());
+        assert!(r.accept_generation((1 << 32) + 1).await.is_err());
+        r.accept_generation(3)
+            .await
+            .expect("a plausible generation");
+        assert!(r.set_epoch(u64::MAX, vec![me.clone()]).await.is_err());
+        assert!(
+            r.set_epoch(2, vec!["bogus".into()]).await.is_err(),
+            "members without this replica"
+        );
+        assert!(r.set_epoch(2, vec![me.clone(), me.clone()]).await.is_err());
+        r.set_epoch(2, vec![me.clone()])
+            .await
+            .expect("a real epoch");
+        r.write(0, pattern(1, 4096)).await.expect("write");
+        assert!(r.flush(u64::MAX).await.is_err());
+        assert!(r.flush(u64::MAX - 1).await.is_err());
+        let n = r.flush(0).await.expect("the next flush still works");
+        r.flush(n + 1).await.expect("and the one after");
+        let info = r.info();
+        assert_eq!((info.generation, info.epoch), (3, 2));
+        assert_eq!(info.flush_number, n + 1);
+        r.close().await.expect("close");
+    });
+}
+
+/// Layer ranges: past the layer's end, or wrapping 64 bits, is out of range (not zeros, not
+/// an internal error).
+#[test]
+fn layer_ranges_are_checked_against_the_layer() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), 1 << 20, io())
+            .await
+            .expect("create");
+        let far = u64::MAX - 4095;
+        assert!(matches!(
+            r.read_layer(None, far, 4096).await,
+            Err(ReplicaError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            r.read_layer(None, 1 << 20, 4096).await,
+            Err(ReplicaError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            r.checksums(far & !4095, 4096, 4096).await,
+            Err(ReplicaError::OutOfRange { .. })
+        ));
+        r.read_layer(None, 0, 4096).await.expect("inside");
+        r.close().await.expect("close");
     });
 }

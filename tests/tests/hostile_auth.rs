@@ -1,0 +1,318 @@
+//! Authenticated replica ports (issue 18, item 2): replicas and engine started with the
+//! volume's secret file. A client without the secret, or with another, is refused on the
+//! frames port, the local socket and every gRPC call (SetEpoch, WriteLayer, Info, Data), and
+//! changes nothing: the generation, epoch, flush number and data stay as the engine left
+//! them, and the volume keeps serving.
+//!
+//! Run with `--test-threads=1`: the tests use fixed loopback addresses.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::service::Interceptor;
+use zebu_engine::blockdev::BlockDevice;
+use zebu_proto::auth::{self, Secret};
+use zebu_proto::frames::{self, Decoded, Extension, Hello, Request, RequestOp, Response};
+use zebu_proto::replica as rpb;
+use zebu_proto::replica::replica_client::ReplicaClient;
+use zebu_tests::engine::Cluster;
+
+const MIB: u64 = 1 << 20;
+const SECRET: &[u8] = b"the volume secret of vol-auth, 32b";
+
+fn write_secret(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> anyhow::Result<String> {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes)?;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))?;
+    Ok(p.to_string_lossy().into_owned())
+}
+
+/// A gRPC client that signs every call with `secret` (or sends no token).
+#[derive(Clone)]
+struct Sign(Option<Secret>);
+
+impl Interceptor for Sign {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(s) = &self.0 {
+            let t = s.grpc_token(auth::now_secs());
+            req.metadata_mut()
+                .insert(auth::GRPC_AUTH_HEADER, t.parse().expect("ascii"));
+        }
+        Ok(req)
+    }
+}
+
+async fn client(
+    addr: SocketAddr,
+    secret: Option<Secret>,
+) -> anyhow::Result<
+    ReplicaClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Sign>>,
+> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
+    Ok(ReplicaClient::with_interceptor(ch, Sign(secret)))
+}
+
+/// Reads one response off `s`.
+async fn recv(s: &mut tokio::net::TcpStream, buf: &mut BytesMut) -> Option<Response> {
+    loop {
+        if let Ok(Decoded::Frame(r)) = frames::decode_response(buf) {
+            return Some(r);
+        }
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read_buf(buf))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+    }
+}
+
+/// A frames client that says hello at `generation` naming `uuid`, answers the challenge
+/// with `secret` if it has one (and is asked), then sends a FLUSH of its own. Returns the
+/// answers it got, in order: the last is a refusal, or the flush's answer.
+async fn frames_try(
+    addr: SocketAddr,
+    generation: u64,
+    uuid: &str,
+    secret: Option<&Secret>,
+) -> anyhow::Result<Vec<Response>> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let mut hello = Hello::new(frames::VERSION, generation);
+    hello.extensions.0.push(
+        frames::VolumeClaim {
+            uuid: uuid.into(),
+            adopt: false,
+        }
+        .to_extension(),
+    );
+    let nc = auth::nonce();
+    if secret.is_some() {
+        hello.extensions.0.push(Extension {
+            kind: auth::EXT_AUTH,
+            value: Bytes::copy_from_slice(&nc),
+        });
+    }
+    s.write_all(&hello.encode()).await?;
+    let mut buf = BytesMut::new();
+    let mut got = Vec::new();
+    let Some(first) = recv(&mut s, &mut buf).await else {
+        return Ok(got);
+    };
+    got.push(first.clone());
+    if first.status != rpb::Status::Ok {
+        return Ok(got);
+    }
+    if let Some(secret) = secret {
+        let ext = frames::Extensions::decode(first.data.clone())?;
+        let ch = ext.get(auth::EXT_AUTH).cloned().unwrap_or_default();
+        // A wrong secret cannot check the server's proof; answer with its own proof anyway.
+        let ns = ch.get(..auth::NONCE_LEN).unwrap_or(&[]).to_vec();
+        let proof = secret.client_proof(&nc, &ns, uuid, frames::VERSION, generation);
+        let mut second = Hello::new(frames::VERSION, generation);
+        second.extensions.0.push(Extension {
+            kind: auth::EXT_AUTH,
+            value: Bytes::copy_from_slice(&proof),
+        });
+        s.write_all(&second.encode()).await?;
+        let Some(welcome) = recv(&mut s, &mut buf).await else {
+            return Ok(got);
+        };
+        got.push(welcome.clone());
+        if welcome.status != rpb::Status::Ok {
+            return Ok(got);
+        }
+    }
+    let flush = Request {
+        id: 1,
+        op: RequestOp::Flush { flush_number: 0 },
+    };
+    let _ = s.write_all(&flush.header().encode()).await;
+    if let Some(r) = recv(&mut s, &mut buf).await {
+        got.push(r);
+    }
+    Ok(got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_without_the_volume_secret_are_refused_and_change_nothing() -> anyhow::Result<()> {
+    let keys = tempfile::tempdir()?;
+    let good = write_secret(keys.path(), "vol.secret", SECRET, 0o600)?;
+    let args = ["--secret-file", good.as_str()];
+    let mut c = Cluster::replicas_only_with("vol-auth", 64 * MIB, &args)?;
+    c.cfg.extra_args = args.iter().map(|a| a.to_string()).collect();
+    c.start_engine()?;
+    let dev = c.engine().nbd_client().await?;
+    dev.write(0, Bytes::from(vec![0x42u8; MIB as usize]))
+        .await?;
+    dev.flush().await?;
+
+    let secret = Secret::from_bytes(SECRET)?;
+    let wrong = Secret::from_bytes(b"another volume's secret, 32 bytes")?;
+    let addr = c.replica(0).addr;
+    let mut authed = client(addr, Some(secret.clone())).await?;
+    let before = authed.info(rpb::InfoRequest {}).await?.into_inner();
+    assert!(!before.volume_uuid.is_empty());
+
+    for (who, s) in [("no token", None), ("a wrong secret", Some(wrong.clone()))] {
+        let mut c2 = client(addr, s).await?;
+        let e = c2.info(rpb::InfoRequest {}).await.err();
+        assert_eq!(
+            e.map(|e| e.code()),
+            Some(tonic::Code::Unauthenticated),
+            "Info with {who}"
+        );
+        let e = c2
+            .set_epoch(rpb::SetEpochRequest {
+                epoch: before.epoch + 1,
+                members: vec![before.replica_id.clone()],
+            })
+            .await
+            .err();
+        assert_eq!(
+            e.map(|e| e.code()),
+            Some(tonic::Code::Unauthenticated),
+            "SetEpoch with {who}"
+        );
+        let msgs = vec![rpb::WriteLayerRequest {
+            layer: "intruder".into(),
+            size: 64 * MIB,
+            ..Default::default()
+        }];
+        let e = c2.write_layer(tokio_stream::iter(msgs)).await.err();
+        assert_eq!(
+            e.map(|e| e.code()),
+            Some(tonic::Code::Unauthenticated),
+            "WriteLayer with {who}"
+        );
+    }
+    // A replayed token is refused too.
+    let token = secret.grpc_token(auth::now_secs());
+    for round in 0..2 {
+        let mut req = tonic::Request::new(rpb::InfoRequest {});
+        req.metadata_mut()
+            .insert(auth::GRPC_AUTH_HEADER, token.parse().expect("ascii"));
+        let mut raw = ReplicaClient::connect(format!("http://{addr}")).await?;
+        let r = raw.info(req).await;
+        assert_eq!(r.is_ok(), round == 0, "token use {round}: {r:?}");
+    }
+
+    // Frames: no proof, a wrong proof; each tries a FLUSH after its hello.
+    let g = before.generation + 1;
+    let none = frames_try(addr, g, &before.volume_uuid, None).await?;
+    assert!(
+        none.last().is_some_and(|r| r.status != rpb::Status::Ok),
+        "a hello without proof: {none:?}"
+    );
+    assert!(
+        none.iter().all(|r| r.id == 0),
+        "a request was answered: {none:?}"
+    );
+    let bad = frames_try(addr, g, &before.volume_uuid, Some(&wrong)).await?;
+    assert!(
+        bad.last().is_some_and(|r| r.status != rpb::Status::Ok),
+        "a hello with a wrong proof: {bad:?}"
+    );
+    assert!(
+        bad.iter().all(|r| r.id == 0),
+        "a request was answered: {bad:?}"
+    );
+
+    let after = authed.info(rpb::InfoRequest {}).await?.into_inner();
+    assert_eq!(
+        (
+            after.generation,
+            after.epoch,
+            &after.epoch_members,
+            after.flush_number
+        ),
+        (
+            before.generation,
+            before.epoch,
+            &before.epoch_members,
+            before.flush_number
+        ),
+        "an unauthenticated client changed the replica"
+    );
+    assert!(
+        !after.layers.iter().any(|l| l.name == "intruder"),
+        "{:?}",
+        after.layers
+    );
+    let i = c.engine().info().await?;
+    assert_eq!(i.state, "healthy", "{i:?}\n{}", c.logs());
+    let got = dev.read(0, MIB).await?;
+    assert!(got.iter().all(|&b| b == 0x42));
+    dev.write(MIB, Bytes::from(vec![0x43u8; 4096])).await?;
+    dev.flush().await?;
+    dev.disconnect().await;
+
+    // The right secret over frames is accepted (at the engine's generation: no fencing).
+    let ok = frames_try(addr, before.generation, &before.volume_uuid, Some(&secret)).await?;
+    assert!(
+        ok.last()
+            .is_some_and(|r| r.id == 1 && r.status == rpb::Status::Ok),
+        "an authenticated client's flush: {ok:?}"
+    );
+
+    // A secret file others may read is refused at start.
+    let open = write_secret(keys.path(), "open.secret", SECRET, 0o644)?;
+    let out = std::process::Command::new(zebu_tests::bin_path("zebu-replica"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--size",
+            "1M",
+            "--secret-file",
+            &open,
+        ])
+        .arg("--dir")
+        .arg(keys.path().join("r"))
+        .output()?;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("chmod 600"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// The engine's gRPC data path carries the token too: a volume over `--data-transport grpc`
+/// with the secret serves, and a gRPC data stream without a token is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_grpc_data_path_authenticates_too() -> anyhow::Result<()> {
+    let keys = tempfile::tempdir()?;
+    let good = write_secret(keys.path(), "vol.secret", SECRET, 0o600)?;
+    let args = ["--secret-file", good.as_str()];
+    let mut c = Cluster::replicas_only_with("vol-auth-grpc", 64 * MIB, &args)?;
+    c.cfg.extra_args = ["--secret-file", good.as_str(), "--data-transport", "grpc"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    c.start_engine()?;
+    let dev = c.engine().nbd_client().await?;
+    dev.write(0, Bytes::from(vec![0x24u8; MIB as usize]))
+        .await?;
+    dev.flush().await?;
+    assert!(dev.read(0, MIB).await?.iter().all(|&b| b == 0x24));
+    dev.disconnect().await;
+    let i = c.engine().info().await?;
+    assert_eq!(i.state, "healthy", "{i:?}\n{}", c.logs());
+    assert!(i.replicas.iter().all(|r| r.data_path == "grpc"), "{i:?}");
+    let mut raw = zebu_tests::connect(c.replica(0).addr).await?;
+    let s = zebu_tests::DataStream::open_for(&mut raw, 1, "").await;
+    assert_eq!(
+        s.err().map(|s| s.code()),
+        Some(tonic::Code::Unauthenticated),
+        "a gRPC data stream without a token"
+    );
+    Ok(())
+}
