@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Plugin, Up};
+use common::{Plugin, Up, first_difference, mount_cap, qemu_io, read_all};
 use tonic::Code;
 use tonic::transport::Channel;
 use zebu_csi::Endpoint;
@@ -18,17 +18,6 @@ use zebu_proto::csi::controller_client::ControllerClient;
 use zebu_proto::csi::node_client::NodeClient;
 
 const MIB: i64 = 1 << 20;
-
-fn mount_cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(csi::volume_capability::AccessType::Mount(
-            csi::volume_capability::MountVolume::default(),
-        )),
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
 
 fn create_req(name: &str, size: i64, params: &[(&str, &str)]) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
@@ -148,41 +137,6 @@ async fn delete(ctl: &mut ControllerClient<Channel>, id: &str) {
         }
     }
     panic!("DeleteVolume {id} never finished");
-}
-
-fn qemu_io(uri: &str, cmd: &str) -> String {
-    let out = Command::new("qemu-io")
-        .args(["-f", "raw", "-c", cmd, uri])
-        .output()
-        .expect("qemu-io");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success() && !text.contains("fail") && !text.contains("Pattern verification"),
-        "qemu-io {cmd} on {uri}: {text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
-/// Every byte of an NBD export (nbdcopy to a file).
-fn read_all(uri: &str, dir: &std::path::Path, name: &str) -> Vec<u8> {
-    let file = dir.join(name);
-    let out = Command::new("nbdcopy")
-        .args([uri, &file.to_string_lossy()])
-        .output()
-        .expect("nbdcopy");
-    assert!(
-        out.status.success(),
-        "nbdcopy {uri}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let data = std::fs::read(&file).expect("read copy");
-    let _ = std::fs::remove_file(&file);
-    data
-}
-
-fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
-    a.iter().zip(b).position(|(x, y)| x != y)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,27 +8,15 @@
 mod common;
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Plugin, Up};
+use common::{Plugin, Up, mount_cap, qemu_io, read_all};
 use tonic::Code;
 use zebu_csi::Endpoint;
 use zebu_proto::csi;
 use zebu_proto::csi::controller_client::ControllerClient;
 
 const MIB: i64 = 1 << 20;
-
-fn mount_cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(csi::volume_capability::AccessType::Mount(
-            csi::volume_capability::MountVolume::default(),
-        )),
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
 
 fn create_req(name: &str, params: &[(&str, &str)]) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
@@ -54,34 +42,6 @@ fn ok(up: &Up, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn qemu_io(uri: &str, cmd: &str) {
-    let out = Command::new("qemu-io")
-        .args(["-f", "raw", "-c", cmd, uri])
-        .output()
-        .expect("qemu-io");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && !text.contains("fail"),
-        "qemu-io {cmd} on {uri}: {text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn read_all(uri: &str, file: &std::path::Path) -> Vec<u8> {
-    let out = Command::new("nbdcopy")
-        .args([uri, &file.to_string_lossy()])
-        .output()
-        .expect("nbdcopy");
-    assert!(
-        out.status.success(),
-        "nbdcopy {uri}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let data = std::fs::read(file).expect("read copy");
-    let _ = std::fs::remove_file(file);
-    data
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,7 +83,7 @@ async fn from_backup_restores_the_backup_into_the_new_volume() {
     qemu_io(&endpoint, "write -P 0x5a 0 1M");
     qemu_io(&endpoint, "write -P 0xa5 13M 3M");
     qemu_io(&endpoint, "write -P 0x3c 31M 1M");
-    let want = read_all(&endpoint, &tmp.join("src.img"));
+    let want = read_all(&endpoint, tmp, "src.img");
     ok(&up, &["backup", "create", "src", "--name", "b1", "--wait"]);
     ok(&up, &["volume", "detach", "src"]);
 
@@ -231,7 +191,7 @@ async fn from_backup_restores_the_backup_into_the_new_volume() {
             Err(s) => panic!("ControllerPublishVolume: {s:?}"),
         }
     };
-    let got = read_all(&ctx["nbdUri"], &tmp.join("restored.img"));
+    let got = read_all(&ctx["nbdUri"], tmp, "restored.img");
     assert_eq!(got.len(), want.len());
     assert_eq!(
         got.iter().zip(&want).position(|(a, b)| a != b),

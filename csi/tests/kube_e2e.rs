@@ -25,7 +25,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Plugin, Proc, Up};
+use common::{Plugin, Proc, Up, first_difference, qemu_io, read_all};
 use serde_json::Value;
 
 const DRIVER: &str = "driver.zebu.io";
@@ -140,43 +140,6 @@ fn log_tails(procs: &[&Proc]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-fn qemu_io(uri: &str, cmd: &str) {
-    let out = Command::new("qemu-io")
-        .args(["-f", "raw", "-c", cmd, uri])
-        .output()
-        .expect("qemu-io");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && !text.contains("fail"),
-        "qemu-io {cmd} on {uri}: {text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Every byte of an NBD export.
-fn read_all(uri: &str, dir: &Path, name: &str) -> Vec<u8> {
-    let file = dir.join(name);
-    let out = Command::new("nbdcopy")
-        .args([uri, &file.to_string_lossy()])
-        .output()
-        .expect("nbdcopy");
-    assert!(
-        out.status.success(),
-        "nbdcopy {uri}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let data = std::fs::read(&file).expect("read copy");
-    let _ = std::fs::remove_file(&file);
-    data
-}
-
-fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
-    if a.len() != b.len() {
-        return Some(a.len().min(b.len()));
-    }
-    a.iter().zip(b).position(|(x, y)| x != y)
 }
 
 /// The engine processes of `volume` (its name follows `--volume` on their command line).

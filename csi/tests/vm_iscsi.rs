@@ -23,7 +23,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Plugin, Up};
+use common::{Plugin, Up, mount_cap_fs};
 use tonic::Code;
 use tonic::transport::Channel;
 use zebu_csi::Endpoint;
@@ -35,20 +35,6 @@ const MIB: i64 = 1 << 20;
 /// Inside the VM.
 const STAGING: &str = "/var/lib/kubelet/plugins/driver.zebu.io/staging/vol";
 const TARGET: &str = "/var/lib/kubelet/pods/pod-1/volumes/vol";
-
-fn mount_cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(csi::volume_capability::AccessType::Mount(
-            csi::volume_capability::MountVolume {
-                fs_type: "ext4".into(),
-                ..Default::default()
-            },
-        )),
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
 
 /// A free port on host loopback (released at once; QEMU binds it).
 fn free_port() -> u16 {
@@ -184,7 +170,7 @@ async fn node_stage_publish_write_unstage_and_stage_again_with_the_real_initiato
             required_bytes: 256 * MIB,
             limit_bytes: 0,
         }),
-        volume_capabilities: vec![mount_cap()],
+        volume_capabilities: vec![mount_cap_fs("ext4")],
         parameters: [("numberOfReplicas".to_string(), "3".to_string())].into(),
         ..Default::default()
     };
@@ -201,7 +187,7 @@ async fn node_stage_publish_write_unstage_and_stage_again_with_the_real_initiato
     let publish = csi::ControllerPublishVolumeRequest {
         volume_id: id.clone(),
         node_id: "node-1".into(),
-        volume_capability: Some(mount_cap()),
+        volume_capability: Some(mount_cap_fs("ext4")),
         ..Default::default()
     };
     let ctx: HashMap<String, String> = retry("ControllerPublishVolume", || {
@@ -264,7 +250,7 @@ async fn node_stage_publish_write_unstage_and_stage_again_with_the_real_initiato
         volume_id: id.clone(),
         publish_context: ctx.clone(),
         staging_target_path: STAGING.into(),
-        volume_capability: Some(mount_cap()),
+        volume_capability: Some(mount_cap_fs("ext4")),
         ..Default::default()
     };
     let node_publish = csi::NodePublishVolumeRequest {
@@ -272,7 +258,7 @@ async fn node_stage_publish_write_unstage_and_stage_again_with_the_real_initiato
         publish_context: ctx.clone(),
         staging_target_path: STAGING.into(),
         target_path: TARGET.into(),
-        volume_capability: Some(mount_cap()),
+        volume_capability: Some(mount_cap_fs("ext4")),
         ..Default::default()
     };
     let unpublish = csi::NodeUnpublishVolumeRequest {

@@ -389,3 +389,64 @@ pub fn loops_under(dir: &Path) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// A single-node-writer mount capability with filesystem `fs_type` ("" lets the plugin
+/// choose).
+pub fn mount_cap_fs(fs_type: &str) -> zebu_proto::csi::VolumeCapability {
+    use zebu_proto::csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
+    zebu_proto::csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode {
+            mode: access_mode::Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+/// [`mount_cap_fs`] with the plugin's default filesystem.
+pub fn mount_cap() -> zebu_proto::csi::VolumeCapability {
+    mount_cap_fs("")
+}
+
+/// One `qemu-io` command on an NBD export; a failed command or a pattern that does not
+/// verify fails the test. Returns qemu-io's output.
+pub fn qemu_io(uri: &str, cmd: &str) -> String {
+    let out = Command::new("qemu-io")
+        .args(["-f", "raw", "-c", cmd, uri])
+        .output()
+        .expect("qemu-io");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && !text.contains("fail") && !text.contains("Pattern verification"),
+        "qemu-io {cmd} on {uri}: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// Every byte of an NBD export, copied by nbdcopy through the file `dir/name`.
+pub fn read_all(uri: &str, dir: &Path, name: &str) -> Vec<u8> {
+    let file = dir.join(name);
+    let out = Command::new("nbdcopy")
+        .args([uri, &file.to_string_lossy()])
+        .output()
+        .expect("nbdcopy");
+    assert!(
+        out.status.success(),
+        "nbdcopy {uri}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let data = std::fs::read(&file).expect("read copy");
+    let _ = std::fs::remove_file(&file);
+    data
+}
+
+/// The first offset where `a` and `b` differ, counting a difference in length.
+pub fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .or_else(|| (a.len() != b.len()).then(|| a.len().min(b.len())))
+}
