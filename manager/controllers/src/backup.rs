@@ -224,7 +224,13 @@ impl BackupController {
             status.error = "no backup target is set".into();
             return self.write_status(b, status).await;
         };
-        match self.jobs.attempt(&job) {
+        let seen = self.jobs.attempt(&job);
+        // A process ran, whatever the record says: a manager killed between starting the
+        // upload and recording the attempt must not leave it counted as never started.
+        if !matches!(seen, Attempt::None) {
+            status.attempts = status.attempts.max(1);
+        }
+        match seen {
             Attempt::Running(r) => {
                 fill_status(&mut status, &r);
                 status.state = BackupState::InProgress;
@@ -326,8 +332,13 @@ impl BackupController {
         }
         let name = b.metadata.name.clone();
         let job = backup_job(&name);
+        // Never started: no attempt recorded and no process or report on this node (a manager
+        // killed right after starting the upload recorded none, yet objects may be in the
+        // target).
+        let never_started = b.status.attempts == 0
+            && b.status.state != BackupState::Completed
+            && matches!(self.jobs.attempt(&job), Attempt::None);
         self.jobs.kill(&job);
-        let never_started = b.status.attempts == 0 && b.status.state != BackupState::Completed;
         if !never_started {
             let Some(t) = target else {
                 tracing::warn!(backup = %name, "cannot delete the backup: no backup target is set");
@@ -421,7 +432,12 @@ impl BackupController {
             r.error = "no backup target is set".into();
             return self.write_restore(v, r).await;
         };
-        match self.jobs.attempt(&job) {
+        let seen = self.jobs.attempt(&job);
+        // As for backups: a process that ran is an attempt, recorded or not.
+        if !matches!(seen, Attempt::None) {
+            r.attempts = r.attempts.max(1);
+        }
+        match seen {
             Attempt::Running(rep) => {
                 r.state = RestoreState::InProgress;
                 r.progress = rep.percent();
