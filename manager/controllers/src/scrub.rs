@@ -40,6 +40,11 @@ pub fn due(interval_secs: u64, v: &Volume, now: SystemTime) -> Option<Duration> 
         return None;
     }
     let since = match &v.status.last_scrub {
+        // The milliseconds, not the RFC 3339 text: that is whole seconds, and counting from
+        // the truncated second started the next scrub up to a second before the interval.
+        Some(last) if last.started_unix_ms > 0 => u64::try_from(last.started_unix_ms)
+            .ok()
+            .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
         Some(last) => parse_rfc3339(&last.started),
         None => v
             .metadata
@@ -253,6 +258,14 @@ mod tests {
         let v = volume(t0, Some(t0 + s(500)));
         assert_eq!(due(100, &v, t0 + s(550)), None);
         assert_eq!(due(100, &v, t0 + s(610)), Some(s(10)));
+        // The milliseconds of the start count, not its whole-second text.
+        let mut v = volume(t0, Some(t0 + s(500)));
+        if let Some(last) = v.status.last_scrub.as_mut() {
+            last.started_unix_ms = 1_700_000_500_900;
+        }
+        let ms = Duration::from_millis;
+        assert_eq!(due(100, &v, t0 + s(600) + ms(899)), None);
+        assert_eq!(due(100, &v, t0 + s(600) + ms(900)), Some(s(0)));
         // Off.
         assert_eq!(due(0, &volume(t0, None), t0 + s(1_000_000)), None);
     }
