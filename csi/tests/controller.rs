@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Plugin, Up, first_difference, mount_cap, qemu_io, read_all};
+use common::{Plugin, Up, first_difference, mount_cap, qemu_io, read_all, retry_aborted};
 use tonic::Code;
 use tonic::transport::Channel;
 use zebu_csi::Endpoint;
@@ -69,16 +69,16 @@ async fn env() -> Env {
 
 /// Create, retrying while the plugin answers "in progress" (as the provisioner does).
 async fn create(ctl: &mut ControllerClient<Channel>, req: csi::CreateVolumeRequest) -> csi::Volume {
-    for _ in 0..60 {
-        match ctl.create_volume(req.clone()).await {
-            Ok(r) => return r.into_inner().volume.expect("volume"),
-            Err(s) if s.code() == Code::Aborted => {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(s) => panic!("CreateVolume {}: {s:?}", req.name),
-        }
-    }
-    panic!("CreateVolume {} never finished", req.name);
+    let name = req.name.clone();
+    retry_aborted(&format!("CreateVolume {name}"), || {
+        let mut c = ctl.clone();
+        let r = req.clone();
+        async move { c.create_volume(r).await }
+    })
+    .await
+    .into_inner()
+    .volume
+    .expect("volume")
 }
 
 async fn publish(
@@ -92,16 +92,14 @@ async fn publish(
         volume_capability: Some(mount_cap()),
         ..Default::default()
     };
-    for _ in 0..60 {
-        match ctl.controller_publish_volume(req.clone()).await {
-            Ok(r) => return r.into_inner().publish_context,
-            Err(s) if s.code() == Code::Aborted => {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(s) => panic!("ControllerPublishVolume {id}: {s:?}"),
-        }
-    }
-    panic!("ControllerPublishVolume {id} never finished");
+    retry_aborted(&format!("ControllerPublishVolume {id}"), || {
+        let mut c = ctl.clone();
+        let r = req.clone();
+        async move { c.controller_publish_volume(r).await }
+    })
+    .await
+    .into_inner()
+    .publish_context
 }
 
 async fn unpublish(ctl: &mut ControllerClient<Channel>, id: &str, node: &str) {
@@ -110,16 +108,12 @@ async fn unpublish(ctl: &mut ControllerClient<Channel>, id: &str, node: &str) {
         node_id: node.into(),
         ..Default::default()
     };
-    for _ in 0..60 {
-        match ctl.controller_unpublish_volume(req.clone()).await {
-            Ok(_) => return,
-            Err(s) if s.code() == Code::Aborted => {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(s) => panic!("ControllerUnpublishVolume {id}: {s:?}"),
-        }
-    }
-    panic!("ControllerUnpublishVolume {id} never finished");
+    retry_aborted(&format!("ControllerUnpublishVolume {id}"), || {
+        let mut c = ctl.clone();
+        let r = req.clone();
+        async move { c.controller_unpublish_volume(r).await }
+    })
+    .await;
 }
 
 async fn delete(ctl: &mut ControllerClient<Channel>, id: &str) {
@@ -127,16 +121,12 @@ async fn delete(ctl: &mut ControllerClient<Channel>, id: &str) {
         volume_id: id.into(),
         ..Default::default()
     };
-    for _ in 0..60 {
-        match ctl.delete_volume(req.clone()).await {
-            Ok(_) => return,
-            Err(s) if s.code() == Code::Aborted => {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(s) => panic!("DeleteVolume {id}: {s:?}"),
-        }
-    }
-    panic!("DeleteVolume {id} never finished");
+    retry_aborted(&format!("DeleteVolume {id}"), || {
+        let mut c = ctl.clone();
+        let r = req.clone();
+        async move { c.delete_volume(r).await }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,8 +23,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Plugin, Up, mount_cap_fs};
-use tonic::Code;
+use common::{Plugin, Up, mount_cap_fs, retry_aborted};
 use tonic::transport::Channel;
 use zebu_csi::Endpoint;
 use zebu_proto::csi;
@@ -128,23 +127,6 @@ fn boot_vm(dir: &Path, portal: &str, grpc: u16, shell: u16) -> Vm {
     }
 }
 
-async fn retry<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
-{
-    for _ in 0..120 {
-        match f().await {
-            Ok(v) => return v,
-            Err(s) if s.code() == Code::Aborted => {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(s) => panic!("{what}: {s:?}"),
-        }
-    }
-    panic!("{what} never finished");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_stage_publish_write_unstage_and_stage_again_with_the_real_initiator_in_a_vm() {
     let t0 = Instant::now();
@@ -174,7 +156,7 @@ async fn node_stage_publish_write_unstage_and_stage_again_with_the_real_initiato
         parameters: [("numberOfReplicas".to_string(), "3".to_string())].into(),
         ..Default::default()
     };
-    let vol = retry("CreateVolume", || {
+    let vol = retry_aborted("CreateVolume", || {
         let mut c = ctl.clone();
         let r = create.clone();
         async move { c.create_volume(r).await }
@@ -190,7 +172,7 @@ async fn node_stage_publish_write_unstage_and_stage_again_with_the_real_initiato
         volume_capability: Some(mount_cap_fs("ext4")),
         ..Default::default()
     };
-    let ctx: HashMap<String, String> = retry("ControllerPublishVolume", || {
+    let ctx: HashMap<String, String> = retry_aborted("ControllerPublishVolume", || {
         let mut c = ctl.clone();
         let r = publish.clone();
         async move { c.controller_publish_volume(r).await }
@@ -361,7 +343,7 @@ async fn node_stage_publish_write_unstage_and_stage_again_with_the_real_initiato
         node_id: "node-1".into(),
         ..Default::default()
     };
-    retry("ControllerUnpublishVolume", || {
+    retry_aborted("ControllerUnpublishVolume", || {
         let mut c = ctl.clone();
         let r = unpub.clone();
         async move { c.controller_unpublish_volume(r).await }
@@ -371,7 +353,7 @@ async fn node_stage_publish_write_unstage_and_stage_again_with_the_real_initiato
         volume_id: id.clone(),
         ..Default::default()
     };
-    retry("DeleteVolume", || {
+    retry_aborted("DeleteVolume", || {
         let mut c = ctl.clone();
         let r = del.clone();
         async move { c.delete_volume(r).await }

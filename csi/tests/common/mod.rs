@@ -450,3 +450,22 @@ pub fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
         .position(|(x, y)| x != y)
         .or_else(|| (a.len() != b.len()).then(|| a.len().min(b.len())))
 }
+
+/// Calls `f` until it answers other than Aborted ("in progress, try again"), every 500 ms for
+/// at most a minute, as the CSI sidecars retry; any other error fails the test.
+pub async fn retry_aborted<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    for _ in 0..120 {
+        match f().await {
+            Ok(v) => return v,
+            Err(s) if s.code() == tonic::Code::Aborted => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(s) => panic!("{what}: {s:?}"),
+        }
+    }
+    panic!("{what} never finished");
+}
