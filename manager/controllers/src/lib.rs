@@ -35,6 +35,7 @@ pub mod node;
 pub mod ownership;
 pub mod presence;
 pub mod scrub;
+pub mod standby;
 pub mod volume;
 mod world;
 

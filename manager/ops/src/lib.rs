@@ -38,6 +38,7 @@ pub mod populate;
 pub mod scheduler;
 pub mod scrub;
 mod snapshot;
+pub mod standby;
 mod volume;
 
 use std::sync::Arc;

@@ -11,6 +11,7 @@ use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub mod backup;
+pub mod standby;
 
 use crate::resources::{DataLocality, Frontend};
 use crate::size::{ByteSize, SizeError};

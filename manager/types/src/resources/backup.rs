@@ -281,6 +281,12 @@ pub struct VolumeRestoreStatus {
     pub restored: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_layer: Option<String>,
+    /// When the replicas came to hold `restored` whole (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_at: Option<String>,
+    /// A standby volume's activation: when it left standby mode (it can be attached since).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activated_at: Option<String>,
     /// Backups restored so far (a standby's increments count).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub restores: u32,
