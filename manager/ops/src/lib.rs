@@ -35,6 +35,7 @@ pub mod engine_rpc;
 mod error;
 mod maintenance;
 pub mod populate;
+pub mod recurring;
 pub mod scheduler;
 pub mod scrub;
 mod snapshot;

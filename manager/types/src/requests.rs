@@ -11,6 +11,7 @@ use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub mod backup;
+pub mod recurring;
 pub mod standby;
 
 use crate::resources::{DataLocality, Frontend};
