@@ -34,7 +34,9 @@ pub mod gc;
 pub mod node;
 pub mod ownership;
 pub mod presence;
+pub mod recurring;
 pub mod scrub;
+pub mod standby;
 pub mod volume;
 mod world;
 

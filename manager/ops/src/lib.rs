@@ -35,9 +35,11 @@ pub mod engine_rpc;
 mod error;
 mod maintenance;
 pub mod populate;
+pub mod recurring;
 pub mod scheduler;
 pub mod scrub;
 mod snapshot;
+pub mod standby;
 mod volume;
 
 use std::sync::Arc;

@@ -40,6 +40,7 @@ impl Ops {
         Fut: Future<Output = OpsResult<T>>,
     {
         let v = self.get_volume(volume).await?;
+        crate::standby::refuse_standby(&v, "get an engine for a call")?;
         if v.metadata.is_deleting() {
             return Err(OpsError::precondition(
                 volume,

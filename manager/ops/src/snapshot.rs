@@ -310,6 +310,7 @@ impl Ops {
 
     /// Attach without a frontend, revert, detach; see the module docs.
     async fn revert_detached(&self, volume: &str, snapshot: &str) -> OpsResult<Vec<SnapshotInfo>> {
+        crate::standby::refuse_standby(&self.get_volume(volume).await?, "be reverted")?;
         let still_there = self
             .store
             .list_as::<Engine>()

@@ -315,6 +315,7 @@ impl Ops {
     pub async fn attach_volume(&self, name: &str, req: AttachVolume) -> OpsResult<Volume> {
         let current = self.get_volume(name).await?;
         crate::backup::refuse_while_restoring(&current)?;
+        crate::standby::refuse_standby(&current, "be attached")?;
         let node = match req.node.or(current.spec.node_id.clone()) {
             Some(n) => {
                 check_name("node", &n)?;

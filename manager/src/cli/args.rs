@@ -150,16 +150,33 @@ pub enum VolumeCmd {
     /// Create a volume.
     Create {
         name: String,
-        /// Size: 10G, 512M, 1Ti or bytes (with --from-backup: the backup's by default).
-        #[arg(long, required_unless_present = "from_backup")]
+        /// Size: 10G, 512M, 1Ti or bytes (with --from-backup or --standby-from: the
+        /// backup's by default).
+        #[arg(long, required_unless_present_any = ["from_backup", "standby_from"])]
         size: Option<ByteSize>,
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]
         replicas: Option<u32>,
         #[arg(long, value_enum)]
         frontend: Option<FrontendArg>,
         /// Fill the new volume with this backup's data (it can be attached once restored).
-        #[arg(long, value_name = "BACKUP")]
+        #[arg(long, value_name = "BACKUP", conflicts_with = "standby_from")]
         from_backup: Option<String>,
+        /// A standby (disaster-recovery) volume: it follows this volume's backups in the
+        /// target, each new one applied as an increment, and cannot be attached until
+        /// `zebu volume activate`.
+        #[arg(long, value_name = "VOLUME")]
+        standby_from: Option<String>,
+    },
+    /// Activate a standby volume: apply the newest backup not yet applied, end standby
+    /// mode; then it can be attached.
+    Activate {
+        name: String,
+        /// Return once asked, without waiting for the activation.
+        #[arg(long)]
+        no_wait: bool,
+        /// Seconds to wait for the activation.
+        #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=MAX_WAIT_SECS))]
+        timeout: u64,
     },
     /// List volumes.
     Ls,

@@ -44,6 +44,7 @@ pub async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Res
             replicas,
             frontend,
             from_backup: Some(backup),
+            standby_from: _,
         } => {
             let req = zebu_types::requests::backup::RestoreBackup {
                 volume: name,
@@ -63,6 +64,7 @@ pub async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Res
             replicas,
             frontend,
             from_backup: None,
+            standby_from: None,
         } => {
             let mut req = CreateVolume::new(name, size);
             req.number_of_replicas = replicas;
@@ -73,6 +75,32 @@ pub async fn volume(client: &Client, out: Output, cmd: VolumeCmd) -> anyhow::Res
                 render::volume_table,
             )
         }
+        VolumeCmd::Create {
+            name,
+            size,
+            replicas,
+            frontend,
+            from_backup: None,
+            standby_from: Some(source),
+        } => {
+            let req = zebu_types::requests::standby::CreateStandby {
+                volume: name,
+                source,
+                size: size.map(Into::into),
+                number_of_replicas: replicas,
+                frontend: frontend.map(Into::into),
+            };
+            render::one(
+                out,
+                &super::standby::create(client, &req).await?,
+                render::volume_table,
+            )
+        }
+        VolumeCmd::Activate {
+            name,
+            no_wait,
+            timeout,
+        } => super::standby::activate(client, out, &name, !no_wait, timeout).await,
         VolumeCmd::Create { size: None, .. } => bail!("--size is required"),
         VolumeCmd::Ls => render::list(out, &client.list_volumes().await?, render::volume_table),
         VolumeCmd::Get { name, watch: false } => {

@@ -53,6 +53,27 @@ async fn volume(ops: &Ops, out: Output, cmd: VolumeCmd) -> anyhow::Result<()> {
             replicas,
             frontend,
             from_backup,
+            standby_from: Some(source),
+        } => {
+            if from_backup.is_some() {
+                bail!("--from-backup and --standby-from cannot both be given")
+            }
+            let req = zebu_types::requests::standby::CreateStandby {
+                volume: name,
+                source,
+                size: size.map(Into::into),
+                number_of_replicas: replicas,
+                frontend: frontend.map(Into::into),
+            };
+            render::one(out, &ops.create_standby(req).await?, render::volume_table)
+        }
+        VolumeCmd::Create {
+            name,
+            size,
+            replicas,
+            frontend,
+            from_backup,
+            standby_from: None,
         } => {
             if from_backup.is_some() {
                 bail!(
@@ -97,6 +118,14 @@ async fn volume(ops: &Ops, out: Output, cmd: VolumeCmd) -> anyhow::Result<()> {
         }
         VolumeCmd::Detach { name } => {
             render::one(out, &ops.detach_volume(&name).await?, render::volume_table)
+        }
+        VolumeCmd::Activate { name, .. } => {
+            // The cluster's standby controller carries it out; `volume get` shows when.
+            render::one(
+                out,
+                &ops.activate_standby(&name).await?,
+                render::volume_table,
+            )
         }
         VolumeCmd::Delete { name } => {
             let held = ops.delete_volume(&name).await?;

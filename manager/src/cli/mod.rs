@@ -23,6 +23,7 @@ pub mod kube;
 pub mod manager;
 pub mod render;
 pub mod scrub;
+pub mod standby;
 pub mod up;
 
 pub use args::{Cli, Command, parse_args};

@@ -203,6 +203,13 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         },
         stop_rx.clone(),
     ));
+    let standby = tokio::spawn(zebu_controllers::standby::run(
+        store.clone(),
+        zebu_controllers::backup::BackupConfig {
+            work_dir: data_dir.join("backups"),
+        },
+        stop_rx.clone(),
+    ));
     let controllers = tokio::spawn(zebu_controllers::run(store.clone(), stop_rx));
     // Whoever started us may stop reading our output (a closed pipe): the cluster keeps
     // running, so a failed write here is only logged.
@@ -244,6 +251,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     }
     if let Err(e) = backups.await {
         tracing::warn!("backup controller task failed: {e}");
+    }
+    if let Err(e) = standby.await {
+        tracing::warn!("standby controller task failed: {e}");
     }
     agents.stop_all().await;
     let _ = writeln!(std::io::stderr(), "zebu: stopped");

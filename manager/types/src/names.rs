@@ -46,6 +46,9 @@ pub const BACKUP_FINALIZER: &str = "zebu.io/backup-delete";
 pub const FROM_BACKUP_ANNOTATION: &str = "zebu.io/from-backup";
 /// On a standby volume: the source volume whose backups it follows until activated.
 pub const STANDBY_FROM_ANNOTATION: &str = "zebu.io/standby-from";
+/// On a standby volume: activation was asked for (`zebu volume activate`); the standby
+/// controller applies the newest backup not yet applied, then ends standby mode.
+pub const STANDBY_ACTIVATE_ANNOTATION: &str = "zebu.io/standby-activate";
 /// On a Volume: the deduplication family of its backups in the target, when not its own
 /// name (a restored volume shares its source's family).
 pub const BACKUP_FAMILY_ANNOTATION: &str = "zebu.io/backup-family";

@@ -11,6 +11,8 @@ use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub mod backup;
+pub mod recurring;
+pub mod standby;
 
 use crate::resources::{DataLocality, Frontend};
 use crate::size::{ByteSize, SizeError};

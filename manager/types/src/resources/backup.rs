@@ -281,6 +281,12 @@ pub struct VolumeRestoreStatus {
     pub restored: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_layer: Option<String>,
+    /// When the replicas came to hold `restored` whole (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_at: Option<String>,
+    /// A standby volume's activation: when it left standby mode (it can be attached since).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activated_at: Option<String>,
     /// Backups restored so far (a standby's increments count).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub restores: u32,
@@ -328,8 +334,9 @@ impl RecurringTask {
 #[serde(rename_all = "camelCase")]
 pub struct RecurringJobSpec {
     pub task: RecurringTask,
-    /// When: a five-field cron expression (`0 3 * * *`, UTC), or `@every 30s` / `@hourly` /
-    /// `@daily`.
+    /// When: a five-field cron expression (`0 3 * * *`, UTC), a six-field one whose first
+    /// field is seconds (`*/10 * * * * *`), `@hourly` / `@daily`, or `@every 30s` (also
+    /// `5m`, `2h`: a fixed interval from the job's creation).
     pub cron: String,
     /// How many of its snapshots or backups to keep per volume.
     pub retain: u32,
@@ -339,6 +346,9 @@ pub struct RecurringJobSpec {
     /// Volumes carrying one of these groups (label `zebu.io/recurring-job-group.<g>`) run it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<String>,
+    /// These volumes run it too, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
     /// Volumes whose labels match this selector (`tier=gold`) run it too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
@@ -360,6 +370,13 @@ pub struct RecurringJobStatus {
     pub last_run_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_run_at: Option<String>,
+    /// The run under way: the backups or snapshots it started are not all done yet (a
+    /// job's next run waits for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_since: Option<String>,
+    /// Runs skipped because the previous one was still under way.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub skipped: u64,
     /// Runs started so far.
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub runs: u64,
