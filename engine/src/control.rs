@@ -8,7 +8,7 @@ use zebu_proto::engine as pb;
 use zebu_proto::engine::engine_server::Engine;
 
 use crate::blockdev::BlockDevice;
-use crate::replicator::{Mode, ScrubReport, ScrubState, Volume};
+use crate::replicator::{Mode, ScrubReport, ScrubState, Volume, VolumeError};
 
 /// Serves one volume's control API.
 pub struct ControlService {
@@ -35,7 +35,7 @@ impl ControlService {
                 let mode = r.mode();
                 pb::ReplicaStatus {
                     address: r.addr.clone(),
-                    id: r.id.clone(),
+                    id: r.id.0.clone(),
                     mode: mode.to_string(),
                     reason: r.reason(),
                     data_path: r.data_path().to_string(),
@@ -64,10 +64,10 @@ impl ControlService {
             protocol_version: pb::PROTOCOL_VERSION,
             name: self.volume.name().to_string(),
             size: self.volume.size(),
-            generation: self.volume.generation(),
-            epoch: m.epoch,
-            members: m.members,
-            flush_number: self.volume.flush_number(),
+            generation: self.volume.generation().0,
+            epoch: m.epoch.0,
+            members: m.members.into_iter().map(|id| id.0).collect(),
+            flush_number: self.volume.flush_number().0,
             replicas,
             frontends: self.frontends.clone(),
             state: volume_state_word(state).into(),
@@ -80,7 +80,7 @@ impl ControlService {
             .volume
             .snapshot_list()
             .await
-            .map_err(Status::unavailable)?;
+            .map_err(|e| Status::unavailable(e.to_string()))?;
         let names: std::collections::HashMap<u64, String> =
             layers.iter().map(|l| (l.id, l.name.clone())).collect();
         Ok(pb::Snapshots {
@@ -134,8 +134,9 @@ fn rebuild_to_pb(state: &str, kind: &str) -> (pb::RebuildState, pb::RebuildKind)
     (state, kind)
 }
 
-fn bad(e: String) -> Status {
-    Status::failed_precondition(e)
+/// A refused or failed control operation: the manager and the CLI show its text.
+fn bad(e: VolumeError) -> Status {
+    Status::failed_precondition(e.to_string())
 }
 
 fn scrub_to_pb(r: ScrubReport) -> pb::ScrubReport {

@@ -241,13 +241,16 @@ async fn wait_added(
     }
 }
 
-fn parse_volume_uuid(s: &str) -> Result<String, String> {
+/// A `--volume-uuid` that is not one.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid volume uuid {0:?}: expected 1-64 letters, digits and dashes")]
+struct InvalidUuid(String);
+
+fn parse_volume_uuid(s: &str) -> Result<String, InvalidUuid> {
     if zebu_proto::frames::valid_volume_uuid(s) {
         Ok(s.to_string())
     } else {
-        Err(format!(
-            "invalid volume uuid {s:?}: expected 1-64 letters, digits and dashes"
-        ))
+        Err(InvalidUuid(s.to_string()))
     }
 }
 
@@ -269,7 +272,7 @@ async fn serve(args: ServeArgs, control: Option<String>) -> anyhow::Result<()> {
     };
     if let Some(p) = &args.secret_file {
         let secret = zebu_proto::auth::Secret::load(p).context("cannot read the volume secret")?;
-        zebu_engine::replicator::set_volume_secret(secret).map_err(anyhow::Error::msg)?;
+        zebu_engine::replicator::set_volume_secret(secret)?;
         tracing::info!("authentication on: every replica connection proves the volume's secret");
     }
     let config = VolumeConfig {

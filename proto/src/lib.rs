@@ -9,6 +9,7 @@
 //!   version [`frames::VERSION`]; same semantics as the gRPC `Data` stream, and the one
 //!   request and response type both transports decode into.
 //! - [`auth`]: how an engine proves it holds its volume's secret at the replica ports.
+//! - [`ids`]: replica ids and request ids.
 //! - [`numbers`]: generations, epochs and flush numbers, with the checks every value from
 //!   the wire goes through.
 //! - [`sums`]: the CRC32C block checksums that writes carry and replicas store.
@@ -23,6 +24,7 @@
 
 pub mod auth;
 pub mod frames;
+pub mod ids;
 pub mod numbers;
 pub mod sums;
 

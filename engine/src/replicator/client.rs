@@ -27,6 +27,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use zebu_proto::auth::Secret;
 use zebu_proto::frames::{self, Request, RequestOp, Response, VolumeClaim};
+use zebu_proto::ids::RequestId;
+use zebu_proto::numbers::{FlushNumber, Generation};
 use zebu_proto::replica as pb;
 use zebu_proto::replica::data_request::Op;
 use zebu_proto::replica::replica_client::ReplicaClient;
@@ -57,14 +59,12 @@ impl std::fmt::Display for DataTransport {
 }
 
 impl std::str::FromStr for DataTransport {
-    type Err = String;
-    fn from_str(s: &str) -> Result<DataTransport, String> {
+    type Err = super::UnknownTransport;
+    fn from_str(s: &str) -> Result<DataTransport, super::UnknownTransport> {
         match s {
             "frames" => Ok(DataTransport::Frames),
             "grpc" => Ok(DataTransport::Grpc),
-            other => Err(format!(
-                "unknown data transport '{other}' (use frames or grpc)"
-            )),
+            other => Err(super::UnknownTransport(other.to_string())),
         }
     }
 }
@@ -77,7 +77,7 @@ pub async fn open_data_path(
     transport: DataTransport,
     addr: &str,
     channel: Channel,
-    generation: u64,
+    generation: Generation,
     claim: &VolumeClaim,
     timeout: Duration,
     local: bool,
@@ -150,10 +150,10 @@ impl dyn DataPath {
         self.version() >= frames::INTEGRITY_VERSION
     }
 
-    pub async fn read(&self, id: u64, offset: u64, length: u64) -> Result<Bytes, PathError> {
+    pub async fn read(&self, id: RequestId, offset: u64, length: u64) -> Result<Bytes, PathError> {
         let resp = self
             .call(Request {
-                id,
+                id: id.0,
                 op: RequestOp::Read { offset, length },
             })
             .await?;
@@ -170,13 +170,13 @@ impl dyn DataPath {
     /// them).
     pub async fn write(
         &self,
-        id: u64,
+        id: RequestId,
         offset: u64,
         data: Bytes,
         sums: Option<BlockSums>,
     ) -> Result<(), PathError> {
         self.call(Request {
-            id,
+            id: id.0,
             op: RequestOp::Write { offset, data, sums },
         })
         .await
@@ -186,13 +186,13 @@ impl dyn DataPath {
     /// Deallocates (or, with `zero_fill`, writes zeros over) the range; it reads as zeros.
     pub async fn unmap(
         &self,
-        id: u64,
+        id: RequestId,
         offset: u64,
         length: u64,
         zero_fill: bool,
     ) -> Result<(), PathError> {
         self.call(Request {
-            id,
+            id: id.0,
             op: RequestOp::Unmap {
                 offset,
                 length,
@@ -204,21 +204,25 @@ impl dyn DataPath {
     }
 
     /// Makes every write completed before it durable; returns the durable flush number.
-    pub async fn flush(&self, id: u64, number: u64) -> Result<u64, PathError> {
+    pub async fn flush(
+        &self,
+        id: RequestId,
+        number: FlushNumber,
+    ) -> Result<FlushNumber, PathError> {
         let resp = self
             .call(Request {
-                id,
+                id: id.0,
                 op: RequestOp::Flush {
-                    flush_number: number,
+                    flush_number: number.0,
                 },
             })
             .await?;
-        Ok(resp.flush_number)
+        Ok(FlushNumber(resp.flush_number))
     }
 
     /// A cheap request that only a replica serving requests answers: ping from version 3
     /// on, a 4 KiB read before (an older replica knows no ping).
-    pub async fn ping(&self, id: u64) -> Result<(), PathError> {
+    pub async fn ping(&self, id: RequestId) -> Result<(), PathError> {
         let op = if self.verifies() {
             RequestOp::Ping
         } else {
@@ -227,7 +231,7 @@ impl dyn DataPath {
                 length: 4096,
             }
         };
-        self.call(Request { id, op }).await.map(|_| ())
+        self.call(Request { id: id.0, op }).await.map(|_| ())
     }
 }
 
@@ -286,10 +290,10 @@ pub async fn connect_channel(addr: &str, timeout: Duration) -> Result<Channel, P
 static VOLUME_SECRET: std::sync::OnceLock<Secret> = std::sync::OnceLock::new();
 
 /// Sets the volume's secret for every replica connection of this process; once only.
-pub fn set_volume_secret(secret: Secret) -> Result<(), String> {
+pub fn set_volume_secret(secret: Secret) -> Result<(), super::SecretAlreadySet> {
     VOLUME_SECRET
         .set(secret)
-        .map_err(|_| "the volume secret is already set".to_string())
+        .map_err(|_| super::SecretAlreadySet)
 }
 
 pub(super) fn volume_secret() -> Option<&'static Secret> {
@@ -330,7 +334,7 @@ impl GrpcDataPath {
     /// the generation.
     pub async fn open(
         channel: Channel,
-        generation: u64,
+        generation: Generation,
         timeout: Duration,
     ) -> Result<GrpcDataPath, PathError> {
         GrpcDataPath::open_for(channel, generation, None, timeout).await
@@ -340,7 +344,7 @@ impl GrpcDataPath {
     /// carries no volume, and a replica that belongs to one refuses it).
     pub async fn open_for(
         channel: Channel,
-        generation: u64,
+        generation: Generation,
         claim: Option<&VolumeClaim>,
         timeout: Duration,
     ) -> Result<GrpcDataPath, PathError> {
@@ -360,7 +364,7 @@ impl GrpcDataPath {
 
     async fn open_in(
         channel: Channel,
-        generation: u64,
+        generation: Generation,
         timeout: Duration,
         (version, claim): (u32, Option<&VolumeClaim>),
     ) -> Result<GrpcDataPath, PathError> {
@@ -369,7 +373,7 @@ impl GrpcDataPath {
             id: 0,
             op: Some(Op::Hello(pb::DataHello {
                 protocol_version: version,
-                generation,
+                generation: generation.0,
                 volume_uuid: claim.map(|c| c.uuid.clone()).unwrap_or_default(),
                 adopt_volume: claim.is_some_and(|c| c.adopt),
             })),

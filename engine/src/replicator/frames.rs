@@ -42,6 +42,7 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use zebu_proto::frames::{self, Batch, Decoded, Hello, Request, Response};
+use zebu_proto::numbers::Generation;
 use zebu_proto::replica as pb;
 
 use super::client::{DataPath, PathError};
@@ -110,7 +111,7 @@ impl FramedDataPath {
     /// so its local socket is used if it names one (module docs).
     pub async fn open(
         addr: &str,
-        generation: u64,
+        generation: Generation,
         timeout: Duration,
         local: bool,
     ) -> Result<FramedDataPath, PathError> {
@@ -121,7 +122,7 @@ impl FramedDataPath {
     /// `EXT_VOLUME` extension): a replica of another volume refuses it.
     pub async fn open_for(
         addr: &str,
-        generation: u64,
+        generation: Generation,
         claim: Option<&frames::VolumeClaim>,
         timeout: Duration,
         local: bool,
@@ -190,7 +191,7 @@ impl FramedDataPath {
                 )
             }
         };
-        tracing::debug!(replica = %addr, generation, via_local, version, "frames data path open");
+        tracing::debug!(replica = %addr, generation = generation.0, via_local, version, "frames data path open");
         Ok(FramedDataPath {
             conn,
             queue: Mutex::new(Some(tx)),
@@ -243,8 +244,8 @@ struct Welcomed {
 
 /// The hello of `version` with `generation`, naming the volume from version 3 on (older
 /// hellos have no extension area; a replica that belongs to a volume refuses them).
-fn hello_for(version: u32, generation: u64, claim: Option<&frames::VolumeClaim>) -> Hello {
-    let mut hello = Hello::new(version, generation);
+fn hello_for(version: u32, generation: Generation, claim: Option<&frames::VolumeClaim>) -> Hello {
+    let mut hello = Hello::new(version, generation.0);
     if let Some(c) = claim
         && version >= frames::INTEGRITY_VERSION
     {
@@ -487,6 +488,8 @@ mod tests {
 
     use bytes::Bytes;
     use zebu_proto::frames::RequestOp;
+    use zebu_proto::ids::RequestId;
+    use zebu_proto::numbers::FlushNumber;
 
     use super::*;
 
@@ -567,15 +570,18 @@ mod tests {
             let _ = s.read(&mut [0u8; 1]).await;
         })
         .await;
-        let p: Arc<dyn DataPath> =
-            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
+        let p: Arc<dyn DataPath> = Arc::new(
+            FramedDataPath::open(&addr, Generation(7), T, false)
+                .await
+                .unwrap(),
+        );
         let (a, b, c) = tokio::join!(
-            p.read(11, 0, 4096),
-            p.flush(12, 99),
-            p.write(13, 0, Bytes::from(vec![1u8; 4096]), None)
+            p.read(RequestId(11), 0, 4096),
+            p.flush(RequestId(12), FlushNumber(99)),
+            p.write(RequestId(13), 0, Bytes::from(vec![1u8; 4096]), None)
         );
         assert_eq!(a.unwrap(), Bytes::from(vec![11u8; 4096]));
-        assert_eq!(b.unwrap(), 99);
+        assert_eq!(b.unwrap(), FlushNumber(99));
         assert!(matches!(c, Err(PathError::NoSpace(m)) if m == "full"));
     }
 
@@ -618,13 +624,16 @@ mod tests {
     async fn sequential_and_burst_requests_get_their_answers_and_close_ends_the_connection() {
         let (eof_tx, eof_rx) = tokio::sync::oneshot::channel();
         let addr = echo(eof_tx).await;
-        let p: Arc<dyn DataPath> =
-            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
+        let p: Arc<dyn DataPath> = Arc::new(
+            FramedDataPath::open(&addr, Generation(7), T, false)
+                .await
+                .unwrap(),
+        );
         let mut id = 0u64;
         for round in 0..3 {
             for _ in 0..20 {
                 id += 1;
-                let got = p.read(id, 0, 512).await.unwrap();
+                let got = p.read(RequestId(id), 0, 512).await.unwrap();
                 assert_eq!(
                     got,
                     Bytes::from(vec![id as u8; 512]),
@@ -633,7 +642,7 @@ mod tests {
             }
             let ids: Vec<u64> = (id + 1..=id + 64).collect();
             id += 64;
-            let reads = ids.iter().map(|&i| p.read(i, 0, 4096));
+            let reads = ids.iter().map(|&i| p.read(RequestId(i), 0, 4096));
             for (i, got) in ids.iter().zip(futures::future::join_all(reads).await) {
                 assert_eq!(got.unwrap(), Bytes::from(vec![*i as u8; 4096]), "id {i}");
             }
@@ -644,7 +653,7 @@ mod tests {
             .expect("the replica sees the connection end right after close")
             .expect("fake finished");
         assert!(matches!(
-            p.read(999, 0, 512).await,
+            p.read(RequestId(999), 0, 512).await,
             Err(PathError::Disconnected(_))
         ));
     }
@@ -674,14 +683,17 @@ mod tests {
             let _ = s.read(&mut [0u8; 1]).await;
         })
         .await;
-        let p: Arc<dyn DataPath> =
-            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
+        let p: Arc<dyn DataPath> = Arc::new(
+            FramedDataPath::open(&addr, Generation(7), T, false)
+                .await
+                .unwrap(),
+        );
         assert!(p.verifies());
         let data = Bytes::from(vec![1u8; 8192]);
         let (w, r, ping) = tokio::join!(
-            p.write(1, 0, data.clone(), BlockSums::of(&data)),
-            p.read(2, 0, 8192),
-            p.ping(3)
+            p.write(RequestId(1), 0, data.clone(), BlockSums::of(&data)),
+            p.read(RequestId(2), 0, 8192),
+            p.ping(RequestId(3))
         );
         w.unwrap();
         ping.unwrap();
@@ -701,7 +713,7 @@ mod tests {
             ..Response::failed(0, pb::Status::Unavailable, "generation 7 is lower than 9")
         };
         let addr = fake(refusal, 0, |_, _| async {}).await;
-        match FramedDataPath::open(&addr, 7, T, false).await {
+        match FramedDataPath::open(&addr, Generation(7), T, false).await {
             Err(PathError::Refused(m)) => assert!(m.contains("lower than 9"), "{m}"),
             Err(e) => panic!("wrong error {e}"),
             Ok(_) => panic!("a refused hello opened the path"),
@@ -753,9 +765,12 @@ mod tests {
                 return (versions, s);
             }
         });
-        let p: Arc<dyn DataPath> =
-            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
-        let data = p.read(1, 0, 4096).await.unwrap();
+        let p: Arc<dyn DataPath> = Arc::new(
+            FramedDataPath::open(&addr, Generation(7), T, false)
+                .await
+                .unwrap(),
+        );
+        let data = p.read(RequestId(1), 0, 4096).await.unwrap();
         assert_eq!(data, Bytes::from(vec![0u8; 4096]));
         assert!(!frames::is_zeros(&data), "version 1 sent the bytes");
         let (versions, _s) = server.await.unwrap();
@@ -809,10 +824,14 @@ mod tests {
             let _ = s.read(&mut [0u8; 1]).await;
         })
         .await;
-        let p: Arc<dyn DataPath> = Arc::new(FramedDataPath::open(&addr, 7, T, true).await.unwrap());
+        let p: Arc<dyn DataPath> = Arc::new(
+            FramedDataPath::open(&addr, Generation(7), T, true)
+                .await
+                .unwrap(),
+        );
         assert_eq!(p.kind(), "frames/local");
         assert_eq!(
-            p.read(5, 0, 4096).await.unwrap(),
+            p.read(RequestId(5), 0, 4096).await.unwrap(),
             Bytes::from(vec![0x5a; 4096])
         );
         p.close();
@@ -822,11 +841,14 @@ mod tests {
         // Not local: TCP, although a socket is named.
         let (eof_tx, _eof_rx) = tokio::sync::oneshot::channel();
         let addr = echo_with(welcome(), eof_tx).await;
-        let p: Arc<dyn DataPath> =
-            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
+        let p: Arc<dyn DataPath> = Arc::new(
+            FramedDataPath::open(&addr, Generation(7), T, false)
+                .await
+                .unwrap(),
+        );
         assert_eq!(p.kind(), "frames/tcp");
         assert_eq!(
-            p.read(6, 0, 512).await.unwrap(),
+            p.read(RequestId(6), 0, 512).await.unwrap(),
             Bytes::from(vec![6u8; 512])
         );
 
@@ -837,10 +859,14 @@ mod tests {
             ..Response::ok(0)
         };
         let addr = echo_with(gone, eof_tx).await;
-        let p: Arc<dyn DataPath> = Arc::new(FramedDataPath::open(&addr, 7, T, true).await.unwrap());
+        let p: Arc<dyn DataPath> = Arc::new(
+            FramedDataPath::open(&addr, Generation(7), T, true)
+                .await
+                .unwrap(),
+        );
         assert_eq!(p.kind(), "frames/tcp");
         assert_eq!(
-            p.read(8, 0, 512).await.unwrap(),
+            p.read(RequestId(8), 0, 512).await.unwrap(),
             Bytes::from(vec![8u8; 512])
         );
     }
@@ -849,13 +875,16 @@ mod tests {
     async fn a_broken_connection_fails_every_pending_request_at_once() {
         // The fake reads all three requests, answers none, and closes the connection.
         let addr = fake(Response::ok(0), 3, |s, _| async move { drop(s) }).await;
-        let p: Arc<dyn DataPath> =
-            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
+        let p: Arc<dyn DataPath> = Arc::new(
+            FramedDataPath::open(&addr, Generation(7), T, false)
+                .await
+                .unwrap(),
+        );
         let started = Instant::now();
         let (a, b, c) = tokio::join!(
-            p.read(1, 0, 4096),
-            p.write(2, 0, Bytes::from(vec![1u8; 64 << 10]), None),
-            p.unmap(3, 0, 4096, true)
+            p.read(RequestId(1), 0, 4096),
+            p.write(RequestId(2), 0, Bytes::from(vec![1u8; 64 << 10]), None),
+            p.unmap(RequestId(3), 0, 4096, true)
         );
         for r in [a.map(|_| ()), b, c] {
             assert!(matches!(r, Err(PathError::Disconnected(_))), "{r:?}");
@@ -867,7 +896,7 @@ mod tests {
         );
         // And every later call fails at once too.
         assert!(matches!(
-            p.flush(4, 0).await,
+            p.flush(RequestId(4), FlushNumber(0)).await,
             Err(PathError::Disconnected(_))
         ));
     }
@@ -886,9 +915,12 @@ mod tests {
             answer(&mut s, &[end]).await;
         })
         .await;
-        let p: Arc<dyn DataPath> =
-            Arc::new(FramedDataPath::open(&addr, 7, T, false).await.unwrap());
-        match p.read(1, 0, 4096).await {
+        let p: Arc<dyn DataPath> = Arc::new(
+            FramedDataPath::open(&addr, Generation(7), T, false)
+                .await
+                .unwrap(),
+        );
+        match p.read(RequestId(1), 0, 4096).await {
             Err(PathError::Disconnected(m)) => assert!(m.contains("superseded"), "{m}"),
             other => panic!("expected Disconnected, got {other:?}"),
         }

@@ -43,7 +43,8 @@ impl Volume {
         let targets = self.with_mode(&[Mode::RW, Mode::WO]);
         let pings = targets.iter().map(|r| {
             let p = r.data.clone();
-            let id = PING_ID_BASE | NEXT.fetch_add(1, Ordering::Relaxed);
+            let id =
+                zebu_proto::ids::RequestId(PING_ID_BASE | NEXT.fetch_add(1, Ordering::Relaxed));
             timed(
                 r,
                 Box::pin(async move { p.ping(id).await }),

@@ -37,8 +37,21 @@
 //! block from a replica whose copy passes, rewrites the bad copies, and fails the read with
 //! [`BlockError::Medium`] only for blocks no replica holds a good copy of. `scrub.rs` does
 //! the same for every block in the background; `liveness.rs` pings idle replicas.
+//!
+//! # Start, errors, ids
+//!
+//! Which replicas an engine starts from is decided by `decide_start` (`decide.rs`), a pure
+//! function of what the replicas reported (table-tested in `decide_tests.rs`); `start.rs`
+//! gathers the reports and carries the decision out. Control operations (rebuild, snapshots,
+//! expand, scrub, removal) fail with a [`VolumeError`] that names the volume, the replica and
+//! the offset in fields; frontend I/O fails with a [`BlockError`]. Replica ids, request ids,
+//! generations, epochs and flush numbers are the newtypes of `zebu_proto::ids` and
+//! `zebu_proto::numbers` in the replicator's own state and calls; raw integers and strings
+//! remain only in the wire messages it reads and builds (`pb::InfoResponse`, frames).
 
 mod client;
+mod decide;
+mod error;
 mod frames;
 mod liveness;
 mod rangelock;
@@ -52,6 +65,7 @@ pub use client::{
     ControlClient, DataPath, DataTransport, GrpcDataPath, PathError, connect_channel,
     control_client, open_data_path, set_volume_secret,
 };
+pub use error::{SecretAlreadySet, UnknownTransport, VolumeError};
 pub use frames::FramedDataPath;
 pub use rangelock::RangeLock;
 pub use rebuild::RebuildStatus;
@@ -64,7 +78,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use zebu_proto::numbers::{Epoch, FlushNumber};
+use zebu_proto::ids::{ReplicaId, RequestId};
+use zebu_proto::numbers::{Epoch, FlushNumber, Generation};
 use zebu_proto::replica as pb;
 use zebu_proto::sums::BlockSums;
 
@@ -110,7 +125,7 @@ impl Mode {
 pub struct Replica {
     pub addr: String,
     /// The replica's own id (from its Info).
-    pub id: String,
+    pub id: ReplicaId,
     mode: Mutex<(Mode, String)>,
     data: Arc<dyn DataPath>,
     control: ControlClient,
@@ -163,8 +178,8 @@ impl Replica {
 /// The membership last recorded on the replicas.
 #[derive(Debug, Clone, Default)]
 pub struct Membership {
-    pub epoch: u64,
-    pub members: Vec<String>,
+    pub epoch: Epoch,
+    pub members: Vec<ReplicaId>,
 }
 
 /// Settings of one volume's engine.
@@ -193,7 +208,7 @@ pub struct Volume {
     /// The volume's uuid, named in every hello (replica identity, `start.rs`).
     uuid: String,
     size: AtomicU64,
-    generation: u64,
+    generation: Generation,
     replicas: RwLock<Vec<Arc<Replica>>>,
     next_id: AtomicU64,
     ranges: RangeLock,
@@ -216,7 +231,7 @@ impl Volume {
         &self.config.name
     }
 
-    pub fn generation(&self) -> u64 {
+    pub fn generation(&self) -> Generation {
         self.generation
     }
 
@@ -250,8 +265,8 @@ impl Volume {
         self.membership.lock().await.clone()
     }
 
-    pub fn flush_number(&self) -> u64 {
-        self.flush_number.load(Ordering::Acquire)
+    pub fn flush_number(&self) -> FlushNumber {
+        FlushNumber(self.flush_number.load(Ordering::Acquire))
     }
 
     /// How many requests (reads, writes, unmaps, flushes, rebuild copies) the volume has
@@ -260,8 +275,8 @@ impl Volume {
         self.next_id.load(Ordering::Relaxed)
     }
 
-    fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+    fn next_id(&self) -> RequestId {
+        RequestId(self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Drops a replica (ERR). If it was RW, the membership must be recorded anew before the
@@ -285,18 +300,17 @@ impl Volume {
             if rw.is_empty() {
                 return Err(self.faulted());
             }
-            let epoch = Epoch(m.epoch)
-                .checked_next()
-                .map_err(|e| BlockError::Unavailable(format!("volume {}: {e}", self.config.name)))?
-                .0;
-            let members: Vec<String> = rw.iter().map(|r| r.id.clone()).collect();
+            let epoch = m.epoch.checked_next().map_err(|e| {
+                BlockError::Unavailable(format!("volume {}: {e}", self.config.name))
+            })?;
+            let members: Vec<ReplicaId> = rw.iter().map(|r| r.id.clone()).collect();
             let results =
                 futures::future::join_all(
                     rw.iter().map(|r| {
                         let mut c = r.control();
                         let req = pb::SetEpochRequest {
-                            epoch,
-                            members: members.clone(),
+                            epoch: epoch.0,
+                            members: members.iter().map(|m| m.0.clone()).collect(),
                         };
                         async move {
                             tokio::time::timeout(self.config.io_timeout, c.set_epoch(req)).await
@@ -307,15 +321,14 @@ impl Volume {
             for (r, res) in rw.iter().zip(results) {
                 match res {
                     Ok(Ok(_)) => {}
-                    Ok(Err(s)) => {
-                        self.fail(r, &format!("recording epoch {epoch}: {}", s.message()))
-                    }
-                    Err(_) => self.fail(r, &format!("recording epoch {epoch}: timeout")),
+                    Ok(Err(s)) => self.fail(r, &format!("recording {epoch}: {}", s.message())),
+                    Err(_) => self.fail(r, &format!("recording {epoch}: timeout")),
                 }
             }
             // A failure above set the flag again: loop and record without that replica.
             if !self.membership_dirty.load(Ordering::Acquire) {
-                tracing::info!(volume = %self.config.name, epoch, ?members, "membership recorded");
+                let ids: Vec<&str> = members.iter().map(ReplicaId::as_str).collect();
+                tracing::info!(volume = %self.config.name, epoch = epoch.0, members = ?ids, "membership recorded");
                 *m = Membership { epoch, members };
             }
         }
@@ -344,7 +357,7 @@ impl Volume {
     /// Sends one mutating request to every RW and WO replica and applies the outcome rules.
     async fn replicate<F>(&self, what: &str, op: F) -> Result<(), BlockError>
     where
-        F: Fn(&Replica, u64) -> BoxFuture<'static, Result<(), PathError>>,
+        F: Fn(&Replica, RequestId) -> BoxFuture<'static, Result<(), PathError>>,
     {
         let targets = self.with_mode(&[Mode::RW, Mode::WO]);
         if !targets.iter().any(|r| r.mode() == Mode::RW) {
@@ -536,16 +549,16 @@ impl Volume {
     /// Flushes every RW and WO replica under the next flush number.
     pub async fn flush_all(&self) -> Result<(), BlockError> {
         let _f = self.flush_lock.lock().await;
-        let number = FlushNumber(self.flush_number.load(Ordering::Acquire))
+        let number = self
+            .flush_number()
             .checked_next()
-            .map_err(|e| BlockError::Io(format!("volume {}: {e}", self.config.name)))?
-            .0;
+            .map_err(|e| BlockError::Io(format!("volume {}: {e}", self.config.name)))?;
         self.replicate("flush", |r, id| {
             let p = r.data.clone();
             Box::pin(async move { p.flush(id, number).await.map(|_| ()) })
         })
         .await?;
-        self.flush_number.store(number, Ordering::Release);
+        self.flush_number.store(number.0, Ordering::Release);
         Ok(())
     }
 
@@ -559,26 +572,29 @@ impl Volume {
     }
 
     /// Forgets a replica (it must not be RW, or the volume must keep another RW one).
-    pub async fn remove_replica(&self, addr: &str) -> Result<(), String> {
+    pub async fn remove_replica(&self, addr: &str) -> Result<(), VolumeError> {
         let _ops = self.ops.lock().await;
         let _g = self.gate.write().await;
         let r = self
             .replicas()
             .into_iter()
             .find(|r| r.addr == addr)
-            .ok_or_else(|| format!("replica {addr} is not part of volume {}", self.config.name))?;
+            .ok_or_else(|| VolumeError::NotMember {
+                volume: self.config.name.clone(),
+                replica: addr.to_string(),
+            })?;
         if r.mode() == Mode::RW && self.with_mode(&[Mode::RW]).len() == 1 {
-            return Err(format!(
-                "replica {addr} is the last RW replica of volume {}; it cannot be removed",
-                self.config.name
-            ));
+            return Err(VolumeError::LastRw {
+                volume: self.config.name.clone(),
+                replica: addr.to_string(),
+            });
         }
         self.fail(&r, "removed by request");
         self.replicas
             .write()
             .expect("invariant: replicas lock")
             .retain(|x| x.addr != addr);
-        self.commit_membership().await.map_err(|e| e.to_string())
+        Ok(self.commit_membership().await?)
     }
 
     /// Makes `target` hold what `source` holds in `start..start+len`: compares CRC32C of every
@@ -590,20 +606,23 @@ impl Volume {
         target: &Replica,
         start: u64,
         len: u64,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, VolumeError> {
         /// Checksums are asked for this much at a time.
         const PIECE: u64 = 16 << 20;
         let mut copied = 0;
         let mut at = start;
         while at < start + len {
             let n = PIECE.min(start + len - at);
-            let want = block_sums(source, at, n).await?;
-            let have = block_sums(target, at, n).await?;
+            let want = self.block_sums(source, at, n).await?;
+            let have = self.block_sums(target, at, n).await?;
             if want.len() != have.len() {
-                return Err(format!(
-                    "{} and {} answered checksums of different lengths",
-                    source.addr, target.addr
-                ));
+                return Err(VolumeError::SumsDiffer {
+                    volume: self.config.name.clone(),
+                    source_replica: source.addr.clone(),
+                    target: target.addr.clone(),
+                    offset: at,
+                    length: n,
+                });
             }
             let mut i = 0;
             while i < want.len() {
@@ -629,7 +648,7 @@ impl Volume {
                     .data
                     .write(self.next_id(), off, data, Some(sums))
                     .await
-                    .map_err(|e| format!("{}: {e}", target.addr))?;
+                    .map_err(|e| self.path_error(target, e))?;
                 copied += len;
             }
             at += n;
@@ -676,17 +695,18 @@ async fn timed(
 /// merged and clipped to `size`. Each replica reports regions of its own region size (they
 /// may differ between replicas created by different versions).
 async fn written_ranges(
+    volume: &str,
     replicas: &[&Replica],
-    since: u64,
+    since: FlushNumber,
     size: u64,
-) -> Result<Vec<std::ops::Range<u64>>, String> {
+) -> Result<Vec<std::ops::Range<u64>>, VolumeError> {
     let mut all = Vec::new();
     for r in replicas {
         let resp = r
             .control()
-            .written_since(pb::WrittenSinceRequest { flush: since })
+            .written_since(pb::WrittenSinceRequest { flush: since.0 })
             .await
-            .map_err(|s| format!("{}: WrittenSince: {}", r.addr, s.message()))?
+            .map_err(|s| rpc_error(volume, r, "WrittenSince", &s))?
             .into_inner();
         let rs = resp.region_size.max(4096);
         all.extend(
@@ -707,19 +727,45 @@ async fn written_ranges(
     Ok(merged)
 }
 
-/// CRC32C of every 4 KiB block of a range on one replica.
-async fn block_sums(r: &Replica, offset: u64, len: u64) -> Result<Vec<u32>, String> {
-    let resp = r
-        .control()
-        .checksums(pb::ChecksumsRequest {
-            offset,
-            length: len,
-            block_size: 4096,
-        })
-        .await
-        .map_err(|s| format!("{}: Checksums: {}", r.addr, s.message()))?
-        .into_inner();
-    Ok(resp.crc32c)
+/// A failed control RPC to `r` as a [`VolumeError`].
+fn rpc_error(volume: &str, r: &Replica, call: &'static str, s: &tonic::Status) -> VolumeError {
+    VolumeError::Rpc {
+        volume: volume.to_string(),
+        replica: r.addr.clone(),
+        call,
+        message: s.message().to_string(),
+    }
+}
+
+impl Volume {
+    /// CRC32C of every 4 KiB block of a range on one replica.
+    async fn block_sums(
+        &self,
+        r: &Replica,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u32>, VolumeError> {
+        let resp = r
+            .control()
+            .checksums(pb::ChecksumsRequest {
+                offset,
+                length: len,
+                block_size: 4096,
+            })
+            .await
+            .map_err(|s| rpc_error(self.name(), r, "Checksums", &s))?
+            .into_inner();
+        Ok(resp.crc32c)
+    }
+
+    /// A failed data-path request to `r` as a [`VolumeError`].
+    fn path_error(&self, r: &Replica, source: PathError) -> VolumeError {
+        VolumeError::Path {
+            volume: self.config.name.clone(),
+            replica: r.addr.clone(),
+            source: Box::new(source),
+        }
+    }
 }
 
 impl BlockDevice for Volume {

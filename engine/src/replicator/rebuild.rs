@@ -27,11 +27,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde::Serialize;
+use zebu_proto::numbers::FlushNumber;
 use zebu_proto::replica as pb;
 
 use super::start::{chain_names, is_local};
 use super::{
-    Mode, Replica, Volume, connect_channel, control_client, open_data_path, written_ranges,
+    Mode, Replica, Volume, VolumeError, connect_channel, control_client, open_data_path, rpc_error,
+    written_ranges,
 };
 use crate::blockdev::BlockDevice;
 
@@ -60,23 +62,19 @@ impl Volume {
 
     /// Adds the replica at `addr` and brings it in sync in the background; progress shows in
     /// [`Volume::rebuild_status`]. Fails at once if the replica cannot join.
-    pub async fn start_rebuild(self: &Arc<Self>, addr: &str) -> Result<(), String> {
+    pub async fn start_rebuild(self: &Arc<Self>, addr: &str) -> Result<(), VolumeError> {
         if self.rebuild_status().state == "running" {
-            return Err(format!(
-                "a rebuild of {} is already running",
-                self.rebuild_status().replica
-            ));
+            return Err(VolumeError::RebuildRunning {
+                volume: self.name().to_string(),
+                replica: self.rebuild_status().replica,
+            });
         }
         if let Some(r) = self
             .replicas()
             .into_iter()
             .find(|r| r.addr == addr && r.mode() != Mode::ERR)
         {
-            return Err(format!(
-                "replica {addr} is already {} in volume {}",
-                r.mode(),
-                self.name()
-            ));
+            return Err(self.already_member(&r));
         }
         // Running from here on, so a client polling the status right after this call sees
         // this rebuild and not the one before.
@@ -95,7 +93,7 @@ impl Volume {
 
     /// Brings the replica at `addr` in sync (waiting for a rebuild already running), keeping
     /// [`Volume::rebuild_status`] up to date.
-    pub async fn rebuild(self: &Arc<Self>, addr: &str) -> Result<(), String> {
+    pub async fn rebuild(self: &Arc<Self>, addr: &str) -> Result<(), VolumeError> {
         let _ops = self.ops.lock().await;
         self.set_status(|s| {
             *s = RebuildStatus {
@@ -109,7 +107,7 @@ impl Volume {
             Ok(()) => s.state = "done".into(),
             Err(e) => {
                 s.state = "failed".into();
-                s.error = e.clone();
+                s.error = e.to_string();
             }
         });
         match &res {
@@ -120,14 +118,10 @@ impl Volume {
     }
 
     /// The whole rebuild of one replica; see the module comment. The caller holds `ops`.
-    async fn rebuild_locked(self: &Arc<Self>, addr: &str) -> Result<(), String> {
+    async fn rebuild_locked(self: &Arc<Self>, addr: &str) -> Result<(), VolumeError> {
         if let Some(r) = self.replicas().into_iter().find(|r| r.addr == addr) {
             if r.mode() != Mode::ERR {
-                return Err(format!(
-                    "replica {addr} is already {} in volume {}",
-                    r.mode(),
-                    self.name()
-                ));
+                return Err(self.already_member(&r));
             }
             self.replicas
                 .write()
@@ -135,50 +129,59 @@ impl Volume {
                 .retain(|x| x.addr != addr);
         }
         let timeout = self.io_timeout();
+        let volume = self.name().to_string();
         let channel = connect_channel(addr, timeout)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|source| VolumeError::Path {
+                volume: volume.clone(),
+                replica: addr.to_string(),
+                source: Box::new(source),
+            })?;
         let mut ctl = control_client(channel.clone());
         let info = ctl
             .info(pb::InfoRequest {})
             .await
-            .map_err(|s| format!("{addr}: Info: {}", s.message()))?
+            .map_err(|s| VolumeError::Rpc {
+                volume: volume.clone(),
+                replica: addr.to_string(),
+                call: "Info",
+                message: s.message().to_string(),
+            })?
             .into_inner();
         if !info.volume_uuid.is_empty() && info.volume_uuid != self.uuid() {
-            return Err(format!(
-                "{addr}: replica {} belongs to volume {}, not to volume {} ({}); refused, \
-                 nothing was fenced or written",
-                info.replica_id,
-                info.volume_uuid,
-                self.name(),
-                self.uuid()
-            ));
+            return Err(VolumeError::Foreign {
+                volume,
+                uuid: self.uuid().to_string(),
+                replica: addr.to_string(),
+                replica_id: info.replica_id,
+                theirs: info.volume_uuid,
+            });
         }
         if info.size != self.size() {
-            return Err(format!(
-                "{addr}: size {} differs from the volume size {}",
-                info.size,
-                self.size()
-            ));
+            return Err(VolumeError::SizeMismatch {
+                volume,
+                replica: addr.to_string(),
+                size: info.size,
+                volume_size: self.size(),
+            });
         }
-        let source = self
-            .pick_reader()
-            .ok_or_else(|| self.faulted().to_string())?;
+        let source = self.pick_reader().ok_or_else(|| self.faulted())?;
         let src_info = source
             .control()
             .info(pb::InfoRequest {})
             .await
-            .map_err(|s| format!("{}: Info: {}", source.addr, s.message()))?
+            .map_err(|s| rpc_error(&volume, &source, "Info", &s))?
             .into_inner();
         let was_member = info.epoch > 0 && info.epoch_members.contains(&info.replica_id);
         let catch_up = was_member && chain_names(&info) == chain_names(&src_info);
         if was_member && !catch_up {
-            return Err(format!(
-                "{addr} holds data of an older lineage (epoch {}, snapshots {:?}; the volume has {:?}); give it a fresh directory",
-                info.epoch,
-                chain_names(&info),
-                chain_names(&src_info)
-            ));
+            return Err(VolumeError::OlderLineage {
+                volume,
+                replica: addr.to_string(),
+                epoch: info.epoch,
+                theirs: chain_names(&info),
+                ours: chain_names(&src_info),
+            });
         }
         // Join as WO with no write in flight, so every write after this reaches it.
         let local = is_local(addr, &self.config.local_hosts);
@@ -198,10 +201,14 @@ impl Volume {
             local,
         )
         .await
-        .map_err(|e| format!("{addr}: {e}"))?;
+        .map_err(|source| VolumeError::Path {
+            volume: volume.clone(),
+            replica: addr.to_string(),
+            source: Box::new(source),
+        })?;
         let target = Arc::new(Replica {
             addr: addr.to_string(),
-            id: info.replica_id.clone(),
+            id: zebu_proto::ids::ReplicaId::from(info.replica_id.as_str()),
             mode: std::sync::Mutex::new((
                 Mode::WO,
                 if catch_up {
@@ -223,7 +230,7 @@ impl Volume {
         }
         self.set_status(|s| s.kind = if catch_up { "catch-up" } else { "full" }.into());
         let res = if catch_up {
-            self.catch_up(&target, info.flush_number).await
+            self.catch_up(&target, FlushNumber(info.flush_number)).await
         } else {
             self.full_rebuild(&target).await
         };
@@ -231,12 +238,13 @@ impl Volume {
             self.fail(&target, &format!("rebuild: {e}"));
             return Err(e);
         }
-        self.flush_all().await.map_err(|e| e.to_string())?;
+        self.flush_all().await?;
         if target.mode() != Mode::WO {
-            return Err(format!(
-                "{addr} failed during the rebuild: {}",
-                target.reason()
-            ));
+            return Err(VolumeError::FailedDuringRebuild {
+                volume,
+                replica: addr.to_string(),
+                reason: target.reason(),
+            });
         }
         {
             let _g = self.gate.write().await;
@@ -244,15 +252,23 @@ impl Volume {
             target.zero_fill_unmaps.store(false, Ordering::Release);
             self.membership_dirty.store(true, Ordering::Release);
         }
-        self.commit_membership().await.map_err(|e| e.to_string())
+        Ok(self.commit_membership().await?)
     }
 
-    async fn catch_up(&self, target: &Arc<Replica>, since: u64) -> Result<(), String> {
+    fn already_member(&self, r: &Replica) -> VolumeError {
+        VolumeError::AlreadyMember {
+            volume: self.name().to_string(),
+            replica: r.addr.clone(),
+            mode: r.mode(),
+        }
+    }
+
+    async fn catch_up(&self, target: &Arc<Replica>, since: FlushNumber) -> Result<(), VolumeError> {
         let mut from: Vec<&Replica> = Vec::new();
         let rw = self.with_mode(&[Mode::RW]);
         from.extend(rw.iter().map(|r| r.as_ref()));
         from.push(target);
-        let ranges = written_ranges(&from, since, self.size()).await?;
+        let ranges = written_ranges(self.name(), &from, since, self.size()).await?;
         self.set_status(|s| s.bytes_total = ranges.iter().map(|r| r.end - r.start).sum());
         for range in ranges {
             // Piece by piece, so writes to the range wait for one piece at most.
@@ -260,9 +276,7 @@ impl Volume {
             while at < range.end {
                 let len = (16 << 20).min(range.end - at);
                 let _lock = self.ranges.lock(at..at + len).await;
-                let source = self
-                    .pick_reader()
-                    .ok_or_else(|| self.faulted().to_string())?;
+                let source = self.pick_reader().ok_or_else(|| self.faulted())?;
                 let copied = self.copy_differing(&source, target, at, len).await?;
                 self.set_status(|s| {
                     s.bytes_copied += copied;
@@ -274,27 +288,32 @@ impl Volume {
         Ok(())
     }
 
-    async fn full_rebuild(&self, target: &Arc<Replica>) -> Result<(), String> {
+    async fn full_rebuild(&self, target: &Arc<Replica>) -> Result<(), VolumeError> {
         let name = format!("rebuild-{:08x}", rand::random::<u32>());
         self.snapshot_quiesced(&name, false, Default::default())
             .await?;
         if target.mode() != Mode::WO {
-            return Err(format!(
-                "the rebuild snapshot failed on the target: {}",
-                target.reason()
-            ));
+            return Err(VolumeError::RebuildSnapshot {
+                volume: self.name().to_string(),
+                replica: target.addr.clone(),
+                reason: target.reason(),
+            });
         }
         loop {
-            let source = self
-                .pick_reader()
-                .ok_or_else(|| self.faulted().to_string())?;
+            let source = self.pick_reader().ok_or_else(|| self.faulted())?;
             match self.copy_layers(&source, target).await {
                 Ok(()) => return Ok(()),
                 Err(CopyError::Source(e)) => {
                     // Another RW replica takes over; finished layers are not copied again.
                     self.fail(&source, &format!("rebuild source: {e}"));
                 }
-                Err(CopyError::Target(e)) => return Err(e),
+                Err(CopyError::Target(message)) => {
+                    return Err(VolumeError::LayerCopy {
+                        volume: self.name().to_string(),
+                        replica: target.addr.clone(),
+                        message,
+                    });
+                }
             }
         }
     }
@@ -423,6 +442,8 @@ impl Volume {
     }
 }
 
+/// Which side of a layer copy failed, and the replica's words: a source failure moves the copy
+/// to another source, a target failure ends the rebuild.
 enum CopyError {
     Source(String),
     Target(String),

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::{Bytes, BytesMut};
 use zebu_proto::sums::BlockSums;
 
-use super::{BLOCK, PathError, Replica, Volume, block_sums, timed};
+use super::{BLOCK, PathError, Replica, Volume, VolumeError, timed};
 use crate::blockdev::BlockError;
 
 /// What checksums found since the engine started, for `Info`.
@@ -272,13 +272,13 @@ impl Volume {
         off: u64,
         len: u64,
         want: &[u32],
-    ) -> Result<Bytes, String> {
+    ) -> Result<Bytes, VolumeError> {
         let (data, blocks) = match source.data.read(self.next_id(), off, len).await {
             Ok(d) => return Ok(d),
             Err(PathError::Corrupt { data, blocks, .. }) if data.len() as u64 == len => {
                 (data, blocks)
             }
-            Err(e) => return Err(format!("{}: {e}", source.addr)),
+            Err(e) => return Err(self.path_error(source, e)),
         };
         self.integrity
             .corrupt_read(self.name(), &source.addr, off, &blocks);
@@ -295,7 +295,7 @@ impl Volume {
             };
             let mut found = false;
             for o in &others {
-                if block_sums(o, at, BLOCK).await.ok().as_deref() != Some(&[sum][..]) {
+                if self.block_sums(o, at, BLOCK).await.ok().as_deref() != Some(&[sum][..]) {
                     continue;
                 }
                 if let Ok(good) = o.data.read(self.next_id(), at, BLOCK).await {

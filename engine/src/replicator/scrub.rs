@@ -32,7 +32,7 @@ use serde::Serialize;
 use zebu_proto::replica as pb;
 use zebu_proto::sums::BlockSums;
 
-use super::{BLOCK, Mode, PathError, Replica, Volume, block_sums};
+use super::{BLOCK, Mode, PathError, Replica, Volume, VolumeError, rpc_error};
 use crate::blockdev::BlockError;
 
 /// Data bytes read per second, over all replicas, unless the caller asks otherwise.
@@ -119,15 +119,14 @@ impl Volume {
 
     /// Starts a scrub in the background at `rate` data bytes per second (0: the default);
     /// refused while one runs.
-    pub fn start_scrub(self: &Arc<Self>, rate: u64) -> Result<ScrubReport, String> {
+    pub fn start_scrub(self: &Arc<Self>, rate: u64) -> Result<ScrubReport, VolumeError> {
         let rate = if rate == 0 { DEFAULT_SCRUB_RATE } else { rate };
         let report = {
             let mut cur = self.scrub.current.lock().expect("invariant: scrub lock");
             if cur.state == ScrubState::Running {
-                return Err(format!(
-                    "a scrub of volume {} is already running",
-                    self.name()
-                ));
+                return Err(VolumeError::ScrubRunning {
+                    volume: self.name().to_string(),
+                });
             }
             *cur = ScrubReport {
                 state: ScrubState::Running,
@@ -197,7 +196,7 @@ impl Volume {
                 Ok(state) => r.state = *state,
                 Err(e) => {
                     r.state = ScrubState::Failed;
-                    r.error = e.clone();
+                    r.error = e.to_string();
                 }
             }
         });
@@ -213,17 +212,16 @@ impl Volume {
     }
 
     /// Checks one piece on every RW replica and repairs what it found (module docs).
-    async fn scrub_piece(&self, at: u64, n: u64) -> Result<(), String> {
+    async fn scrub_piece(&self, at: u64, n: u64) -> Result<(), VolumeError> {
         let rw: Vec<Arc<Replica>> = self
             .with_mode(&[Mode::RW])
             .into_iter()
             .filter(|r| r.verifies())
             .collect();
         if rw.is_empty() {
-            return Err(format!(
-                "volume {} has no RW replica that keeps checksums",
-                self.name()
-            ));
+            return Err(VolumeError::NoVerifyingReplica {
+                volume: self.name().to_string(),
+            });
         }
         let calls = rw.iter().map(|r| {
             let mut c = r.control();
@@ -247,7 +245,7 @@ impl Volume {
                 ),
             }
         }
-        self.commit_membership().await.map_err(|e| e.to_string())?;
+        self.commit_membership().await?;
         let mut head_bad = Vec::new();
         let mut layer_bad = Vec::new();
         self.scrub_update(|rep| {
@@ -284,7 +282,7 @@ impl Volume {
             for &b in &head_bad {
                 match self.assemble(b, BLOCK).await {
                     Ok(_) | Err(BlockError::Medium { .. }) => {}
-                    Err(e) => return Err(e.to_string()),
+                    Err(e) => return Err(e.into()),
                 }
             }
             for &b in &differ {
@@ -310,7 +308,7 @@ impl Volume {
 
     /// Looks at a block whose checksums differ between replicas again, under the range lock
     /// the caller holds; sets it right from the majority's version if there is one.
-    async fn settle_divergence(&self, block: u64) -> Result<(), String> {
+    async fn settle_divergence(&self, block: u64) -> Result<(), VolumeError> {
         let rw: Vec<Arc<Replica>> = self
             .with_mode(&[Mode::RW])
             .into_iter()
@@ -318,7 +316,7 @@ impl Volume {
             .collect();
         let mut versions: BTreeMap<u32, Vec<Arc<Replica>>> = BTreeMap::new();
         for r in &rw {
-            match block_sums(r, block, BLOCK).await {
+            match self.block_sums(r, block, BLOCK).await {
                 Ok(s) if s.len() == 1 => versions.entry(s[0]).or_default().push(r.clone()),
                 Ok(_) => {}
                 Err(e) => {
@@ -371,7 +369,7 @@ impl Volume {
             }
         }
         self.scrub_update(|r| r.divergent_repaired += 1);
-        self.commit_membership().await.map_err(|e| e.to_string())
+        Ok(self.commit_membership().await?)
     }
 
     /// Rewrites one block of snapshot `layer` on `damaged` from the same layer of another RW
@@ -381,18 +379,22 @@ impl Volume {
         damaged: &Arc<Replica>,
         layer: &str,
         offset: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), VolumeError> {
         let info = damaged
             .control()
             .info(pb::InfoRequest {})
             .await
-            .map_err(|s| format!("Info: {}", s.message()))?
+            .map_err(|s| rpc_error(self.name(), damaged, "Info", &s))?
             .into_inner();
         let l = info
             .layers
             .iter()
             .find(|l| l.name == layer && !l.head)
-            .ok_or_else(|| format!("snapshot {layer} is gone"))?
+            .ok_or_else(|| VolumeError::SnapshotGone {
+                volume: self.name().to_string(),
+                replica: damaged.addr.clone(),
+                layer: layer.to_string(),
+            })?
             .clone();
         let parent = info
             .layers
@@ -438,10 +440,20 @@ impl Volume {
             let write = d.write_layer(tokio_stream::iter(vec![first]));
             match tokio::time::timeout(SCRUB_RPC_TIMEOUT, write).await {
                 Ok(Ok(_)) => return Ok(()),
-                Ok(Err(s)) => return Err(format!("WriteLayer: {}", s.message())),
-                Err(_) => return Err("WriteLayer: timeout".into()),
+                Ok(Err(s)) => return Err(rpc_error(self.name(), damaged, "WriteLayer", &s)),
+                Err(_) => {
+                    return Err(VolumeError::Rpc {
+                        volume: self.name().to_string(),
+                        replica: damaged.addr.clone(),
+                        call: "WriteLayer",
+                        message: format!("no answer in {SCRUB_RPC_TIMEOUT:?}"),
+                    });
+                }
             }
         }
-        Err("no other replica holds a good copy".into())
+        Err(VolumeError::NoGoodCopy {
+            volume: self.name().to_string(),
+            offset,
+        })
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use zebu_proto::replica as pb;
 
-use super::{Mode, Volume};
+use super::{Mode, Volume, VolumeError, rpc_error};
 use crate::blockdev::BlockDevice;
 
 /// Merges and reverts may move a lot of data.
@@ -23,7 +23,7 @@ impl Volume {
         &self,
         name: &str,
         labels: HashMap<String, String>,
-    ) -> Result<(), String> {
+    ) -> Result<(), VolumeError> {
         let _ops = self.ops.lock().await;
         self.snapshot_quiesced(name, true, labels).await
     }
@@ -34,7 +34,7 @@ impl Volume {
         name: &str,
         user_created: bool,
         labels: HashMap<String, String>,
-    ) -> Result<(), String> {
+    ) -> Result<(), VolumeError> {
         let _g = self.gate.write().await;
         let targets = self.with_mode(&[Mode::RW, Mode::WO]);
         let results =
@@ -63,13 +63,13 @@ impl Volume {
                     ) =>
                 {
                     // The request was wrong, not the replica (bad or duplicate name).
-                    first_refusal.get_or_insert_with(|| s.message().to_string());
+                    first_refusal.get_or_insert_with(|| self.refusal(r, &s));
                 }
                 Ok(Err(s)) => self.fail(r, &format!("snapshot {name}: {}", s.message())),
                 Err(_) => self.fail(r, &format!("snapshot {name}: timeout")),
             }
         }
-        self.commit_membership().await.map_err(|e| e.to_string())?;
+        self.commit_membership().await?;
         if let Some(why) = first_refusal {
             return Err(why);
         }
@@ -78,19 +78,17 @@ impl Volume {
     }
 
     /// The layers of an RW replica (all RW replicas have the same chain).
-    pub async fn snapshot_list(&self) -> Result<Vec<pb::LayerInfo>, String> {
-        let r = self
-            .pick_reader()
-            .ok_or_else(|| self.faulted().to_string())?;
+    pub async fn snapshot_list(&self) -> Result<Vec<pb::LayerInfo>, VolumeError> {
+        let r = self.pick_reader().ok_or_else(|| self.faulted())?;
         let info = r
             .control()
             .info(pb::InfoRequest {})
             .await
-            .map_err(|s| s.message().to_string())?;
+            .map_err(|s| rpc_error(self.name(), &r, "Info", &s))?;
         Ok(info.into_inner().layers)
     }
 
-    pub async fn snapshot_delete(&self, name: &str) -> Result<(), String> {
+    pub async fn snapshot_delete(&self, name: &str) -> Result<(), VolumeError> {
         let name = name.to_string();
         self.on_rw("delete snapshot", false, move |mut c| {
             let name = name.clone();
@@ -103,7 +101,7 @@ impl Volume {
         .await
     }
 
-    pub async fn snapshot_revert(&self, name: &str) -> Result<(), String> {
+    pub async fn snapshot_revert(&self, name: &str) -> Result<(), VolumeError> {
         let name = name.to_string();
         self.on_rw("revert", true, move |mut c| {
             let name = name.clone();
@@ -116,7 +114,7 @@ impl Volume {
         .await
     }
 
-    pub async fn snapshot_purge(&self) -> Result<(), String> {
+    pub async fn snapshot_purge(&self) -> Result<(), VolumeError> {
         self.on_rw("purge", false, |mut c| async move {
             c.snapshot_purge(pb::SnapshotPurgeRequest {})
                 .await
@@ -126,15 +124,15 @@ impl Volume {
     }
 
     /// Grows the volume on every RW and WO replica, then for the frontends.
-    pub async fn expand(&self, size: u64) -> Result<(), String> {
+    pub async fn expand(&self, size: u64) -> Result<(), VolumeError> {
         let _ops = self.ops.lock().await;
         let _g = self.gate.write().await;
         if size < self.size() {
-            return Err(format!(
-                "cannot shrink volume {} from {} to {size} bytes",
-                self.name(),
-                self.size()
-            ));
+            return Err(VolumeError::Shrink {
+                volume: self.name().to_string(),
+                size: self.size(),
+                wanted: size,
+            });
         }
         let targets = self.with_mode(&[Mode::RW, Mode::WO]);
         // Every replica is asked first, so a size one of them cannot hold is refused before
@@ -149,12 +147,12 @@ impl Volume {
                     s.code(),
                     tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted
                 ) {
-                    return Err(format!(
-                        "volume {}: cannot expand to {size} bytes: replica {}: {}",
-                        self.name(),
-                        r.addr,
-                        s.message()
-                    ));
+                    return Err(VolumeError::ExpandRefused {
+                        volume: self.name().to_string(),
+                        replica: r.addr.clone(),
+                        wanted: size,
+                        message: s.message().to_string(),
+                    });
                 }
                 self.fail(r, &format!("expand check: {}", s.message()));
             }
@@ -166,25 +164,33 @@ impl Volume {
             };
             if let Err(s) = r.control().expand(req).await {
                 if s.code() == tonic::Code::InvalidArgument {
-                    return Err(s.message().to_string());
+                    return Err(self.refusal(&r, &s));
                 }
                 self.fail(&r, &format!("expand: {}", s.message()));
             }
         }
-        self.commit_membership().await.map_err(|e| e.to_string())?;
+        self.commit_membership().await?;
         self.size.store(size, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
     /// Runs a control operation on every RW replica; refused during a rebuild.
-    async fn on_rw<F, Fut>(&self, what: &str, quiesce: bool, op: F) -> Result<(), String>
+    async fn on_rw<F, Fut>(
+        &self,
+        what: &'static str,
+        quiesce: bool,
+        op: F,
+    ) -> Result<(), VolumeError>
     where
         F: Fn(super::ControlClient) -> Fut,
         Fut: std::future::Future<Output = Result<(), tonic::Status>>,
     {
         let _ops = self.ops.lock().await;
         if !self.with_mode(&[Mode::WO]).is_empty() {
-            return Err(format!("cannot {what} while a replica is rebuilding"));
+            return Err(VolumeError::Rebuilding {
+                volume: self.name().to_string(),
+                op: what,
+            });
         }
         let _g = if quiesce {
             Some(self.gate.write().await)
@@ -207,13 +213,22 @@ impl Volume {
                         tonic::Code::NotFound | tonic::Code::InvalidArgument
                     ) =>
                 {
-                    refusal.get_or_insert_with(|| s.message().to_string());
+                    refusal.get_or_insert_with(|| self.refusal(r, &s));
                 }
                 Ok(Err(s)) => self.fail(r, &format!("{what}: {}", s.message())),
                 Err(_) => self.fail(r, &format!("{what}: timeout")),
             }
         }
-        self.commit_membership().await.map_err(|e| e.to_string())?;
+        self.commit_membership().await?;
         refusal.map_or(Ok(()), Err)
+    }
+
+    /// A replica's refusal of a request (the request was wrong; the replica is fine).
+    fn refusal(&self, r: &super::Replica, s: &tonic::Status) -> VolumeError {
+        VolumeError::Refused {
+            volume: self.name().to_string(),
+            replica: r.addr.clone(),
+            message: s.message().to_string(),
+        }
     }
 }

@@ -5,7 +5,9 @@
 //!    engine stopped. The reachable replicas are provably current only when every member
 //!    of that epoch is reachable and at that epoch. Otherwise the engine refuses to start
 //!    and names each replica and why, unless an operator (or the manager) asked for a
-//!    salvage: then it proceeds with the members it has, and says so in the log.
+//!    salvage: then it proceeds with the members it has, and says so in the log. That
+//!    decision, and the identity check below, is [`decide_start`] (`decide.rs`): a pure
+//!    function of the replicas' reports, with a table test of its cases.
 //! 2. A new generation (the highest any replica accepted, plus one) fences every older
 //!    engine: a replica refuses data streams of lower generations from then on.
 //!    Opening the data paths presents it, and a replica answers that hello only after every
@@ -29,7 +31,6 @@
 //! hellos at start ask them to adopt it if they record none (the upgrade path: see
 //! `identity.rs` of the replica).
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -38,12 +39,16 @@ use tonic::transport::Channel;
 use zebu_proto::replica as pb;
 
 use zebu_proto::frames::VolumeClaim;
-use zebu_proto::numbers::Generation;
+use zebu_proto::ids::ReplicaId;
+use zebu_proto::numbers::{Epoch, FlushNumber, Generation};
 use zebu_proto::sums::BlockSums;
 
+use super::decide::{
+    Reason, Report, Reported, StartInput, UuidChoice, decide_start, reconcile_plan,
+};
 use super::{
-    BLOCK, Membership, Mode, RangeLock, RebuildStatus, Replica, Volume, VolumeConfig,
-    connect_channel, control_client, open_data_path, written_ranges,
+    BLOCK, Membership, Mode, RangeLock, RebuildStatus, Replica, Volume, VolumeConfig, VolumeError,
+    connect_channel, control_client, open_data_path, rpc_error, written_ranges,
 };
 
 /// How an engine starts.
@@ -70,11 +75,31 @@ pub enum StartError {
          engine --volume-uuid, or remove the replicas that are not this volume's"
     )]
     Identity { volume: String, details: String },
+    /// Salvage or not, no reachable replica is current at the highest epoch they record.
+    #[error(
+        "volume {volume}: no reachable replica is current ({details}); there is nothing to \
+         serve or salvage from"
+    )]
+    AllStale { volume: String, details: String },
+    #[error("volume {volume}: {source}")]
+    Exhausted {
+        volume: String,
+        #[source]
+        source: zebu_proto::numbers::CounterError,
+    },
     #[error("volume {volume}: replica {addr}: {why}")]
     Replica {
         volume: String,
         addr: String,
         why: String,
+    },
+    /// Making the current replicas equal, or recording that, failed.
+    #[error("volume {volume}: {step}: {source}")]
+    Reconcile {
+        volume: String,
+        step: &'static str,
+        #[source]
+        source: Box<VolumeError>,
     },
 }
 
@@ -132,105 +157,50 @@ impl Volume {
     pub async fn start(opts: StartOptions) -> Result<(Arc<Volume>, Vec<String>), StartError> {
         let volume = opts.config.name.clone();
         let timeout = opts.config.io_timeout;
-        let probes =
+        let probes: Vec<Result<Probe, String>> =
             futures::future::join_all(opts.replicas.iter().map(|a| probe(a, timeout))).await;
-        let probes: Vec<Result<Probe, String>> = probes;
-        let uuid = volume_uuid(&volume, opts.config.volume_uuid.as_deref(), &probes)?;
-        let mut reachable = Vec::new();
-        let mut problems = Vec::new();
-        // Replicas of another volume: reported, and not handed back for a rebuild.
-        let mut foreign = Vec::new();
-        for (addr, p) in opts.replicas.iter().zip(probes) {
-            match p {
-                Ok(p) if !p.info.volume_uuid.is_empty() && p.info.volume_uuid != uuid => {
-                    let why = format!(
-                        "{addr}: replica {} belongs to volume {}, not to this volume {uuid}; \
-                         left alone",
-                        p.info.replica_id, p.info.volume_uuid
-                    );
-                    tracing::error!(%volume, "{why}");
-                    foreign.push(why);
-                }
-                Ok(p) if p.info.size != opts.config.size => problems.push(format!(
-                    "{addr}: size {} differs from the volume size {}",
-                    p.info.size, opts.config.size
-                )),
-                Ok(p) => reachable.push(p),
-                Err(why) => problems.push(format!("{addr}: unreachable: {why}")),
+        let reports: Vec<(String, Report)> = opts
+            .replicas
+            .iter()
+            .zip(&probes)
+            .map(|(addr, p)| (addr.clone(), report_of(p)))
+            .collect();
+        let decision = decide_start(&StartInput {
+            volume: &volume,
+            given_uuid: opts.config.volume_uuid.as_deref(),
+            size: opts.config.size,
+            salvage: opts.salvage,
+            replicas: &reports,
+        })?;
+        for &i in &decision.foreign {
+            if let Some(Report::Open(r)) = reports.get(i).map(|(_, r)| r) {
+                tracing::error!(%volume, "{}: replica {} belongs to volume {}, not to this volume; left alone",
+                    reports[i].0, r.id, r.volume_uuid);
             }
         }
-        let problems_to_rebuild = problems.clone();
-        problems.extend(foreign);
-        if reachable.is_empty() {
-            return Err(StartError::NoneReachable {
-                volume,
-                details: problems.join("; "),
-            });
+        match &decision.reason {
+            Reason::Salvage { .. } => tracing::warn!(%volume, "{}", decision.reason),
+            r => tracing::info!(%volume, "start: {r}"),
         }
-        let top = reachable.iter().map(|p| p.info.epoch).max().unwrap_or(0);
-        let (current, stale): (Vec<Probe>, Vec<Probe>) = if top == 0 {
-            // No engine ever served these replicas: all are equally current.
-            (reachable, Vec::new())
-        } else {
-            let members: BTreeSet<String> = reachable
-                .iter()
-                .filter(|p| p.info.epoch == top)
-                .flat_map(|p| p.info.epoch_members.iter().cloned())
-                .collect();
-            let (cur, rest): (Vec<Probe>, Vec<Probe>) = reachable
-                .into_iter()
-                .partition(|p| p.info.epoch == top && members.contains(&p.info.replica_id));
-            let present: BTreeSet<&String> = cur.iter().map(|p| &p.info.replica_id).collect();
-            let missing: Vec<&String> = members.iter().filter(|m| !present.contains(m)).collect();
-            if !missing.is_empty() {
-                let mut details: Vec<String> = missing
-                    .iter()
-                    .map(|m| {
-                        format!(
-                            "member {m} of epoch {top} is not among the reachable current replicas"
-                        )
-                    })
-                    .collect();
-                details.extend(rest.iter().map(|p| {
-                    format!(
-                        "{} (id {}) is at epoch {}, not a member of epoch {top}",
-                        p.addr, p.info.replica_id, p.info.epoch
-                    )
-                }));
-                details.extend(problems.iter().cloned());
-                if !opts.salvage {
-                    return Err(StartError::NotProvablyCurrent {
-                        volume,
-                        details: details.join("; "),
-                    });
-                }
-                tracing::warn!(%volume, "SALVAGE requested: serving from {} of {} members of epoch {top} ({})",
-                    cur.len(), members.len(), details.join("; "));
+        let uuid = match &decision.uuid {
+            UuidChoice::Given(u) | UuidChoice::Recorded(u) => u.clone(),
+            UuidChoice::New => {
+                let u = new_volume_uuid();
+                tracing::info!(%volume, uuid = %u, "no replica records a volume uuid: the volume is now {u}");
+                u
             }
-            (cur, rest)
         };
+        let mut probes: Vec<Option<Probe>> = probes.into_iter().map(Result::ok).collect();
+        let current: Vec<Probe> = decision
+            .current
+            .iter()
+            .filter_map(|&i| probes[i].take())
+            .collect();
+        let top = decision.epoch;
         let (current, mut stale_addrs) = settle_chains(&volume, current).await?;
-        stale_addrs.extend(stale.into_iter().map(|p| p.addr));
-        stale_addrs.extend(
-            opts.replicas
-                .iter()
-                .filter(|a| {
-                    problems_to_rebuild
-                        .iter()
-                        .any(|p| p.starts_with(&format!("{a}:")))
-                })
-                .cloned(),
-        );
-
-        let highest = current.iter().map(|p| p.info.generation).max().unwrap_or(0);
-        let generation = Generation(highest)
-            .checked_next()
-            .map_err(|e| StartError::Replica {
-                volume: volume.clone(),
-                addr: "(generation)".into(),
-                why: e.to_string(),
-            })?
-            .0;
+        stale_addrs.extend(decision.stale.iter().map(|&i| reports[i].0.clone()));
+        stale_addrs.extend(decision.absent.iter().map(|&i| reports[i].0.clone()));
+        let generation = decision.generation;
         // The current replicas are this volume's members: one that records no volume (made
         // before identity existed) adopts this uuid.
         let claim = VolumeClaim {
@@ -257,7 +227,7 @@ impl Volume {
             })?;
             replicas.push(Arc::new(Replica {
                 addr: p.addr.clone(),
-                id: p.info.replica_id.clone(),
+                id: ReplicaId::from(p.info.replica_id.as_str()),
                 mode: Mutex::new((Mode::RW, "current at start".into())),
                 data,
                 control: control_client(p.channel.clone()),
@@ -310,57 +280,47 @@ impl Volume {
             integrity: Default::default(),
             scrub: Default::default(),
         });
-        v.reconcile(&current)
-            .await
-            .map_err(|why| StartError::Replica {
-                volume: volume.clone(),
-                addr: "(reconcile)".into(),
-                why,
-            })?;
-        v.flush_all().await.map_err(|e| StartError::Replica {
-            volume: volume.clone(),
-            addr: "(flush)".into(),
-            why: e.to_string(),
-        })?;
+        let failed = |step: &'static str| {
+            let volume = volume.clone();
+            move |e: VolumeError| StartError::Reconcile {
+                volume,
+                step,
+                source: Box::new(e),
+            }
+        };
+        v.reconcile(&current).await.map_err(failed("reconcile"))?;
+        v.flush_all().await.map_err(|e| failed("flush")(e.into()))?;
         v.commit_membership()
             .await
-            .map_err(|e| StartError::Replica {
-                volume: volume.clone(),
-                addr: "(epoch)".into(),
-                why: e.to_string(),
-            })?;
+            .map_err(|e| failed("recording the epoch")(e.into()))?;
         v.start_liveness();
-        tracing::info!(%volume, %uuid, generation, replicas = v.replicas().len(), ?stale_addrs, "volume started");
+        tracing::info!(%volume, %uuid, generation = generation.0, replicas = v.replicas().len(), ?stale_addrs, "volume started");
         Ok((v, stale_addrs))
     }
 
     /// Makes the current replicas identical in every region that may differ.
-    async fn reconcile(&self, current: &[Probe]) -> Result<(), String> {
+    async fn reconcile(&self, current: &[Probe]) -> Result<(), VolumeError> {
         if current.len() < 2 {
             return Ok(());
         }
-        let oldest = current
-            .iter()
-            .map(|p| p.info.flush_number)
-            .min()
-            .unwrap_or(0);
         let reps = self.replicas();
+        let flush_of = |r: &Replica| {
+            FlushNumber(
+                current
+                    .iter()
+                    .find(|p| p.addr == r.addr)
+                    .map_or(0, |p| p.info.flush_number),
+            )
+        };
+        let plan = reconcile_plan(&reps.iter().map(|r| flush_of(r)).collect::<Vec<_>>());
         let size = self.size.load(std::sync::atomic::Ordering::Acquire);
         let all: Vec<&Replica> = reps.iter().map(|r| r.as_ref()).collect();
-        let ranges = written_ranges(&all, oldest, size).await?;
+        let ranges = written_ranges(self.name(), &all, plan.since, size).await?;
         if ranges.is_empty() {
             return Ok(());
         }
-        // The preferred source: the highest flush number (`max_by_key` keeps the last of
-        // equals), then the others in that order.
-        let mut order: Vec<Arc<Replica>> = reps.clone();
-        let flush_of = |r: &Replica| {
-            current
-                .iter()
-                .find(|p| p.addr == r.addr)
-                .map_or(0, |p| p.info.flush_number)
-        };
-        order.sort_by_key(|r| std::cmp::Reverse(flush_of(r)));
+        // The preferred source first (`decide.rs`).
+        let order: Vec<Arc<Replica>> = plan.order.iter().map(|&i| reps[i].clone()).collect();
         let mut copied = 0u64;
         for r in &ranges {
             let mut at = r.start;
@@ -371,7 +331,7 @@ impl Volume {
             }
         }
         tracing::info!(volume = %self.config.name, ranges = ranges.len(), copied, source = %order[0].addr,
-            "reconciled regions written since flush {oldest}");
+            "reconciled regions written since flush {}", plan.since.0);
         Ok(())
     }
 
@@ -382,16 +342,18 @@ impl Volume {
         order: &[Arc<Replica>],
         at: u64,
         n: u64,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, VolumeError> {
         let mut views = Vec::with_capacity(order.len());
         for r in order {
-            views.push(sums_and_adopted(r, at, n).await?);
+            views.push(self.sums_and_adopted(r, at, n).await?);
         }
         let blocks = (n / BLOCK) as usize;
         if views.iter().any(|(s, _)| s.len() != blocks) {
-            return Err(format!(
-                "replicas answered checksums of the wrong length for {at}+{n}"
-            ));
+            return Err(VolumeError::SumsLength {
+                volume: self.name().to_string(),
+                offset: at,
+                length: n,
+            });
         }
         // (winner, target) -> blocks to copy.
         let mut copies: std::collections::BTreeMap<(usize, usize), Vec<usize>> = Default::default();
@@ -433,7 +395,7 @@ impl Volume {
                     .data
                     .write(self.next_id(), off, data, Some(sums))
                     .await
-                    .map_err(|e| format!("{}: {e}", target.addr))?;
+                    .map_err(|e| self.path_error(target, e))?;
                 copied += len;
                 k = j;
             }
@@ -442,37 +404,22 @@ impl Volume {
     }
 }
 
-/// The volume's uuid: `given`, else the one the reachable replicas record (they must agree),
-/// else a new one. See the module docs.
-fn volume_uuid(
-    volume: &str,
-    given: Option<&str>,
-    probes: &[Result<Probe, String>],
-) -> Result<String, StartError> {
-    if let Some(u) = given {
-        return Ok(u.to_string());
-    }
-    let recorded: BTreeSet<(&str, &str)> = probes
-        .iter()
-        .flatten()
-        .filter(|p| !p.info.volume_uuid.is_empty())
-        .map(|p| (p.info.volume_uuid.as_str(), p.addr.as_str()))
-        .collect();
-    let uuids: BTreeSet<&str> = recorded.iter().map(|(u, _)| *u).collect();
-    match uuids.len() {
-        0 => {
-            let u = new_volume_uuid();
-            tracing::info!(volume, uuid = %u, "no replica records a volume uuid: the volume is now {u}");
-            Ok(u)
-        }
-        1 => Ok(uuids.first().expect("invariant: one uuid").to_string()),
-        _ => Err(StartError::Identity {
-            volume: volume.into(),
-            details: recorded
+/// What a probe found, for [`decide_start`].
+fn report_of(p: &Result<Probe, String>) -> Report {
+    match p {
+        Err(why) => Report::Unreachable(why.clone()),
+        Ok(p) => Report::Open(Reported {
+            id: ReplicaId::from(p.info.replica_id.as_str()),
+            volume_uuid: p.info.volume_uuid.clone(),
+            size: p.info.size,
+            epoch: Epoch(p.info.epoch),
+            members: p
+                .info
+                .epoch_members
                 .iter()
-                .map(|(u, a)| format!("{a} records {u}"))
-                .collect::<Vec<_>>()
-                .join(", "),
+                .map(|m| ReplicaId::from(m.as_str()))
+                .collect(),
+            generation: Generation(p.info.generation),
         }),
     }
 }
@@ -496,24 +443,27 @@ pub fn new_volume_uuid() -> String {
 /// Blocks reconcile compares at a time.
 const RECONCILE_PIECE: u64 = 16 << 20;
 
-/// The stored checksum of each block of a range on one replica, and the blocks (indices) it
-/// adopted when it opened after a crash.
-async fn sums_and_adopted(
-    r: &Replica,
-    offset: u64,
-    len: u64,
-) -> Result<(Vec<u32>, Vec<u32>), String> {
-    let resp = r
-        .control()
-        .checksums(pb::ChecksumsRequest {
-            offset,
-            length: len,
-            block_size: BLOCK,
-        })
-        .await
-        .map_err(|s| format!("{}: Checksums: {}", r.addr, s.message()))?
-        .into_inner();
-    Ok((resp.crc32c, resp.adopted))
+impl Volume {
+    /// The stored checksum of each block of a range on one replica, and the blocks (indices)
+    /// it adopted when it opened after a crash.
+    async fn sums_and_adopted(
+        &self,
+        r: &Replica,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Vec<u32>, Vec<u32>), VolumeError> {
+        let resp = r
+            .control()
+            .checksums(pb::ChecksumsRequest {
+                offset,
+                length: len,
+                block_size: BLOCK,
+            })
+            .await
+            .map_err(|s| rpc_error(self.name(), r, "Checksums", &s))?
+            .into_inner();
+        Ok((resp.crc32c, resp.adopted))
+    }
 }
 
 /// Current replicas must have the same snapshot chain. One that lacks only the newest
