@@ -10,6 +10,9 @@
 //!   with exactly one engine (the same process) serving the volume at every poll;
 //! - a whole node stopped for longer than `staleReplicaTimeout`: its replica is rebuilt on
 //!   the fourth node;
+//! - ownership only on evidence: a volume whose recorded owner is seen neither as a Lease
+//!   nor as a Node is not claimed by a manager that just started (its caches may lag); it is
+//!   claimed once that manager has observed the Leases for a whole Lease duration;
 //! - `zebu manager` with bad flags or an unreachable API server: one line, non-zero exit.
 //!
 //! Needs `cargo build --workspace --bins` (zebu, zebu-engine, zebu-replica, zebu-verify)
@@ -380,6 +383,52 @@ fn a_node_stopped_longer_than_stale_replica_timeout_has_its_replica_rebuilt_on_a
     eprintln!(
         "{victim} stopped; its replica rebuilt on {spare}, healthy after {rebuilt:?}\n{report}\ntest took {:?}",
         t0.elapsed()
+    );
+}
+
+#[test]
+fn an_owner_seen_neither_as_lease_nor_node_is_claimed_only_after_a_lease_duration() {
+    let mut zc = ZebuCluster::new("ghost");
+    // A volume recorded as owned by a node nobody has seen, before any manager runs.
+    zc.apply(&format!(
+        "apiVersion: zebu.io/v1alpha1\nkind: Volume\nmetadata:\n  name: g\n  namespace: {}\nspec:\n  size: 16777216\n  numberOfReplicas: 1\n  frontend: nbd\n",
+        zc.ns
+    ));
+    zc.kubectl(&[
+        "patch",
+        "zv",
+        "g",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"ownerId":"node-ghost","state":"detached","robustness":"unknown"}}"#,
+    ]);
+    let owner = |zc: &ZebuCluster| {
+        zc.get("zv", "g")
+            .map(|v| status(&v, "ownerId").to_string())
+            .unwrap_or_default()
+    };
+    assert_eq!(owner(&zc), "node-ghost");
+    // node-1 alone: it is the preferred owner of every volume, so only the evidence rule
+    // holds it back.
+    let (name, address) = node(1);
+    zc.start(&name, &address);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(8) {
+        assert_eq!(
+            owner(&zc),
+            "node-ghost",
+            "claimed {:?} after the manager started, before it could know node-ghost is gone\n{}",
+            started.elapsed(),
+            zc.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    wait_for("node-1 claims g", 90, || owner(&zc) == "node-1");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(10),
+        "claimed after {took:?}, sooner than a Lease duration of observation"
     );
 }
 

@@ -8,7 +8,9 @@
 //! - they apply to a real kube-apiserver with `kubectl apply --server-side` (the DaemonSets
 //!   start no pods there: no kubelet);
 //! - the rendered Role is enough for the Leases of a cluster of managers: three members
-//!   run as the `zebu-manager` user with only that Role (`kube_leases.rs` does the rest).
+//!   run as the `zebu-manager` user with only that Role (`kube_leases.rs` does the rest);
+//! - the Role names every Zebu kind with the verbs the kube store uses, its status
+//!   subresource, Leases and Secrets, and nothing it does not need (patch, escalation).
 
 use std::process::Command;
 
@@ -49,6 +51,80 @@ fn the_charts_crds_are_deploy_crds() {
             "deploy/zebu.yaml lacks the CRD {name}"
         );
     }
+}
+
+/// The Role `zebu-manager` in deploy/zebu.yaml: (apiGroup, resource) -> verbs.
+fn rendered_role_rules() -> std::collections::BTreeMap<(String, String), Vec<String>> {
+    let text = std::fs::read_to_string(repo().join("deploy/zebu.yaml")).expect("zebu.yaml");
+    let mut rules = std::collections::BTreeMap::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let v: serde_json::Value = serde::Deserialize::deserialize(doc).expect("yaml");
+        if v["kind"] != "Role" || v["metadata"]["name"] != "zebu-manager" {
+            continue;
+        }
+        for r in v["rules"].as_array().expect("rules") {
+            let strings = |k: &str| -> Vec<String> {
+                r[k].as_array()
+                    .expect("a list")
+                    .iter()
+                    .map(|s| s.as_str().expect("a string").to_string())
+                    .collect()
+            };
+            for g in strings("apiGroups") {
+                for res in strings("resources") {
+                    let verbs: &mut Vec<String> = rules.entry((g.clone(), res)).or_default();
+                    verbs.extend(strings("verbs"));
+                    verbs.sort();
+                    verbs.dedup();
+                }
+            }
+        }
+    }
+    rules
+}
+
+#[test]
+fn the_managers_role_covers_every_kind_leases_and_secrets_and_no_more() {
+    let rules = rendered_role_rules();
+    assert!(
+        !rules.is_empty(),
+        "deploy/zebu.yaml renders Role zebu-manager"
+    );
+    let verbs = |g: &str, r: &str| -> Vec<String> {
+        rules
+            .get(&(g.to_string(), r.to_string()))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let want = |list: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = list.iter().map(|s| s.to_string()).collect();
+        v.sort();
+        v
+    };
+    for kind in zebu_types::Kind::ALL {
+        let plural = kind.plural();
+        assert_eq!(
+            verbs("zebu.io", plural),
+            want(&["get", "list", "watch", "create", "update", "delete"]),
+            "{plural}"
+        );
+        assert_eq!(
+            verbs("zebu.io", &format!("{plural}/status")),
+            want(&["update"]),
+            "{plural}/status"
+        );
+    }
+    assert_eq!(
+        verbs("coordination.k8s.io", "leases"),
+        want(&["get", "list", "create", "update"])
+    );
+    assert_eq!(verbs("", "secrets"), want(&["get", "create", "delete"]));
+    let known = zebu_types::Kind::ALL.len() * 2 + 2;
+    assert_eq!(
+        rules.len(),
+        known,
+        "the Role grants something no manager uses: {rules:?}"
+    );
 }
 
 #[test]

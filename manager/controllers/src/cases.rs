@@ -37,6 +37,8 @@ pub struct Fixture {
     pub settings: Vec<Setting>,
     /// Presence from node Leases (a cluster); `None`: from the nodes' `Ready` conditions.
     pub presence: Option<PresenceMap>,
+    /// With Leases: whether the deciding manager observed them for a whole Lease duration.
+    pub leases_settled: bool,
 }
 
 /// Which object a case decides.
@@ -237,6 +239,7 @@ fn fixture(
         engines,
         settings: vec![],
         presence: None,
+        leases_settled: false,
     }
 }
 
@@ -258,6 +261,12 @@ fn leases(nodes: &[(u32, Option<u64>)]) -> PresenceMap {
 
 fn with_leases(mut f: Fixture, presence: PresenceMap) -> Fixture {
     f.presence = Some(presence);
+    f
+}
+
+/// The deciding manager has observed the Leases for a whole Lease duration.
+fn settled(mut f: Fixture) -> Fixture {
+    f.leases_settled = true;
     f
 }
 
@@ -925,8 +934,14 @@ fn cluster_cases() -> Vec<Case> {
             &["leave (owner node-2)"],
         ),
         case(
-            "a volume owned by a node that no longer exists is claimed",
+            "an owner seen neither as a Lease nor as a Node is not taken from on that alone (a lagging cache)",
             with_leases(attached_owned("node-9"), all_up.clone()),
+            owner("node-1"),
+            &["leave (owner node-9)"],
+        ),
+        case(
+            "an owner still seen neither as a Lease nor as a Node after a whole Lease duration of observation is claimed",
+            settled(with_leases(attached_owned("node-9"), all_up.clone())),
             owner("node-1"),
             &["claim from node-9"],
         ),
@@ -1120,7 +1135,7 @@ pub fn check(case: &Case) -> Result<(), String> {
     )
     .map_err(|e| format!("{}: {e}", case.name))?;
     if let Some(p) = f.presence {
-        w = w.with_presence(p);
+        w = w.with_presence(p).with_leases_settled(f.leases_settled);
     }
     compare(case, decide_lines(&w, &case.target)?)
 }
@@ -1178,7 +1193,9 @@ pub async fn check_on_store(case: &Case, store: &dyn Store) -> Result<(), CaseEr
     load_into(store, &case.fixture).await?;
     let mut w = World::load(store, case.fixture.now).await?;
     if let Some(p) = case.fixture.presence.clone() {
-        w = w.with_presence(p);
+        w = w
+            .with_presence(p)
+            .with_leases_settled(case.fixture.leases_settled);
     }
     let got = decide_lines(&w, &case.target).map_err(CaseError::Mismatch)?;
     compare(case, got).map_err(CaseError::Mismatch)

@@ -67,6 +67,12 @@ pub trait Membership: Send + Sync {
     /// Whether this manager runs the cluster singletons now (it holds the cluster Lease,
     /// and renewed it within the renew deadline).
     fn leads(&self) -> bool;
+    /// Whether this manager has observed the node Leases for a whole Lease duration, so
+    /// that a node missing from both its Leases and its Nodes is known not to exist
+    /// ([`World::leases_settled`]). No by default: absence alone is no evidence.
+    fn leases_settled(&self) -> bool {
+        false
+    }
 }
 
 /// The controllers of one manager, with what they remember between passes.
@@ -127,7 +133,9 @@ impl Controllers {
         }
         let mut w = World::load(self.store.as_ref(), SystemTime::now()).await?;
         if let Some(m) = &self.membership {
-            w = w.with_presence(m.presence());
+            w = w
+                .with_presence(m.presence())
+                .with_leases_settled(m.leases_settled());
         }
         if leads {
             for n in &w.nodes {

@@ -43,6 +43,12 @@ pub struct World {
     /// Whether each node's manager is there.
     pub presence: PresenceMap,
     pub presence_source: PresenceSource,
+    /// With Leases: whether this manager has observed the node Leases for a whole Lease
+    /// duration, so that a node it has seen neither as a Lease nor as a Node is known not to
+    /// exist (every live manager renewed its Lease within that time, and Leases are never
+    /// deleted by Zebu). Before that, such a node may just be one its caches lag behind.
+    /// Always true with heartbeats, where presence comes from the Nodes themselves.
+    pub leases_settled: bool,
 }
 
 impl World {
@@ -55,6 +61,7 @@ impl World {
             volumes: store.list_as().await?,
             presence: presence::from_conditions(&nodes),
             presence_source: PresenceSource::Heartbeats,
+            leases_settled: true,
             nodes,
             replicas: store.list_as().await?,
             engines: store.list_as().await?,
@@ -66,6 +73,14 @@ impl World {
     pub fn with_presence(mut self, presence: PresenceMap) -> World {
         self.presence = presence;
         self.presence_source = PresenceSource::Leases;
+        self.leases_settled = false;
+        self
+    }
+
+    /// The same world, saying whether its Lease presence is settled
+    /// ([`World::leases_settled`]).
+    pub fn with_leases_settled(mut self, settled: bool) -> World {
+        self.leases_settled = settled;
         self
     }
 
@@ -97,6 +112,7 @@ impl World {
             volumes,
             presence: presence::from_conditions(&nodes),
             presence_source: PresenceSource::Heartbeats,
+            leases_settled: true,
             nodes,
             replicas,
             engines,
@@ -182,11 +198,13 @@ impl World {
     /// Whether this pass knows `name`'s manager to be gone: its presence says so, or it has
     /// no presence and no Node at all (a node that no longer exists). With Leases, a node
     /// whose Node is read but whose Lease is not (yet) is not known to be gone: it may have
-    /// started after this manager last read the Leases.
+    /// started after this manager last read the Leases. Nor is one seen as neither, until
+    /// the Leases are settled ([`World::leases_settled`]): each kind's cache lags the server
+    /// on its own, so not seeing a node is no evidence that it is gone.
     pub fn manager_gone(&self, name: &str) -> bool {
         match self.presence.get(name) {
             Some(p) => !p.is_up(),
-            None => self.node(name).is_none(),
+            None => self.node(name).is_none() && self.leases_settled,
         }
     }
 

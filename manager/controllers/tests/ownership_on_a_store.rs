@@ -75,6 +75,7 @@ async fn cluster() -> (
         engines: vec![],
         settings: vec![],
         presence: None,
+        leases_settled: false,
     };
     cases::load_into(store.as_ref(), &fixture)
         .await

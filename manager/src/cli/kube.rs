@@ -1,18 +1,27 @@
 //! `zebu --kubeconfig FILE ...`: the CLI against a cluster, with the operations layer run
-//! in-process over the Kubernetes store (uncached: one request per read). The same rules
-//! apply as through a manager's REST API (ops is the one place they live); the managers in
+//! in-process over the Kubernetes store (uncached: one request per read). The managers in
 //! the cluster then act on what was written, as they do for `kubectl apply`.
 //!
-//! Commands that must talk to an engine (snapshots, expansion) or to `zebu up`'s nodes are
-//! refused with a message pointing at `--api`.
+//! Every command runs exactly as it does against a manager's REST API: the REST router
+//! ([`zebu_api::router`] over [`Ops`] on the kube store) is served in this process on an
+//! ephemeral port of 127.0.0.1, for this one command, and the same command code
+//! ([`super::commands`], [`super::backup`], [`super::scrub`]) talks to it. So the rules
+//! (ops) and the output (render) are the same code on one host and in a cluster, and
+//! whatever must reach an engine (snapshots, expansion, scrub) reaches it at the address its
+//! Engine object records, as a manager would.
+//!
+//! Refused in one line: `zebu up` and `zebu manager` (not one-shot commands), and `zebu node
+//! stop|start`, which drive `zebu up`'s simulated nodes (a cluster's node stops with its
+//! manager's pod).
+
+use std::net::{Ipv4Addr, SocketAddr};
 
 use anyhow::{Context, bail};
 use zebu_ops::Ops;
 use zebu_store::{StoreConfig, open};
-use zebu_types::requests::{AttachVolume, CreateVolume, Items};
 
-use super::args::{Command, NodeCmd, Output, VolumeCmd};
-use super::render::{self, emit};
+use super::args::{Command, NodeCmd, Output};
+use crate::client::Client;
 
 pub async fn run(
     kubeconfig: &std::path::Path,
@@ -20,6 +29,9 @@ pub async fn run(
     out: Output,
     command: Command,
 ) -> anyhow::Result<()> {
+    if let Some(why) = refused(&command) {
+        bail!("{why}");
+    }
     let config = StoreConfig::Kube {
         kubeconfig: Some(kubeconfig.to_path_buf()),
         namespace: namespace.to_string(),
@@ -28,114 +40,41 @@ pub async fn run(
     let store = open(&config)
         .await
         .with_context(|| format!("connecting with {}", kubeconfig.display()))?;
-    let ops = Ops::new(store);
-    match command {
-        Command::Node(NodeCmd::Ls) => {
-            let items = Items {
-                items: ops.list_nodes().await?,
-            };
-            render::list(out, &items, render::node_table)
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .await
+        .context("binding the in-process API to 127.0.0.1")?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, zebu_api::router(Ops::new(store))).await {
+            tracing::warn!("in-process API: {e}");
         }
-        Command::Volume(cmd) => volume(&ops, out, cmd).await,
-        Command::Up(_) => bail!("zebu up runs on one host; leave out --kubeconfig"),
-        Command::Manager(_) => bail!("zebu manager is not a one-shot command"),
-        Command::Node(_) | Command::Snapshot(_) | Command::Backup(_) => {
-            bail!("this command is not available with --kubeconfig yet; use --api with a manager")
-        }
-    }
+    });
+    let client = Client::new(&format!("http://{addr}"))?;
+    let result = match command {
+        Command::Node(cmd) => super::commands::node(&client, out, cmd).await,
+        Command::Volume(cmd) => super::commands::volume(&client, out, cmd).await,
+        Command::Snapshot(cmd) => super::commands::snapshot(&client, out, cmd).await,
+        Command::Backup(cmd) => super::backup::backup(&client, out, cmd).await,
+        other => Err(anyhow::anyhow!(
+            "{}",
+            refused(&other).unwrap_or("not available with --kubeconfig")
+        )),
+    };
+    server.abort();
+    result
 }
 
-async fn volume(ops: &Ops, out: Output, cmd: VolumeCmd) -> anyhow::Result<()> {
-    match cmd {
-        VolumeCmd::Create {
-            name,
-            size,
-            replicas,
-            frontend,
-            from_backup,
-            standby_from: Some(source),
-        } => {
-            if from_backup.is_some() {
-                bail!("--from-backup and --standby-from cannot both be given")
-            }
-            let req = zebu_types::requests::standby::CreateStandby {
-                volume: name,
-                source,
-                size: size.map(Into::into),
-                number_of_replicas: replicas,
-                frontend: frontend.map(Into::into),
-            };
-            render::one(out, &ops.create_standby(req).await?, render::volume_table)
-        }
-        VolumeCmd::Create {
-            name,
-            size,
-            replicas,
-            frontend,
-            from_backup,
-            standby_from: None,
-        } => {
-            if from_backup.is_some() {
-                bail!(
-                    "--from-backup is not available with --kubeconfig yet; use --api with a manager"
-                )
-            }
-            let Some(size) = size else {
-                bail!("--size is required")
-            };
-            let mut req = CreateVolume::new(name, size);
-            req.number_of_replicas = replicas;
-            req.frontend = frontend.map(Into::into);
-            render::one(out, &ops.create_volume(req).await?, render::volume_table)
-        }
-        VolumeCmd::Ls => {
-            let items = Items {
-                items: ops.list_volumes().await?,
-            };
-            render::list(out, &items, render::volume_table)
-        }
-        VolumeCmd::Get { name, watch: false } => {
-            render::one(out, &ops.get_volume(&name).await?, render::volume_table)
-        }
-        VolumeCmd::Attach {
-            name,
-            node,
-            maintenance,
-            ..
-        } => {
-            // The attached node's manager starts the engine; `kubectl get zv -w` or
-            // `zebu --kubeconfig F volume get` shows when it serves.
-            let req = AttachVolume {
-                node,
-                maintenance,
-                frontend: None,
-            };
-            render::one(
-                out,
-                &ops.attach_volume(&name, req).await?,
-                render::volume_table,
-            )
-        }
-        VolumeCmd::Detach { name } => {
-            render::one(out, &ops.detach_volume(&name).await?, render::volume_table)
-        }
-        VolumeCmd::Activate { name, .. } => {
-            // The cluster's standby controller carries it out; `volume get` shows when.
-            render::one(
-                out,
-                &ops.activate_standby(&name).await?,
-                render::volume_table,
-            )
-        }
-        VolumeCmd::Delete { name } => {
-            let held = ops.delete_volume(&name).await?;
-            match out {
-                Output::Table => emit(&format!("volume {name} deleted\n")),
-                _ => render::value(out, &held),
-            }
-        }
-        VolumeCmd::Get { watch: true, .. } | VolumeCmd::Expand { .. } | VolumeCmd::Scrub { .. } => {
-            bail!("this command is not available with --kubeconfig yet; use --api with a manager")
-        }
+/// Why a command cannot run against a cluster, if it cannot.
+fn refused(command: &Command) -> Option<&'static str> {
+    match command {
+        Command::Up(_) => Some("zebu up runs on one host; leave out --kubeconfig"),
+        Command::Manager(_) => Some("zebu manager is not a one-shot command"),
+        Command::Node(NodeCmd::Stop { .. } | NodeCmd::Start { .. }) => Some(
+            "zebu node stop|start drives zebu up's simulated nodes; in a cluster a node stops with its manager",
+        ),
+        Command::Node(NodeCmd::Ls)
+        | Command::Volume(_)
+        | Command::Snapshot(_)
+        | Command::Backup(_) => None,
     }
 }

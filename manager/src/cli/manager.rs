@@ -1,7 +1,9 @@
 //! `zebu manager`: one node's manager in a Kubernetes cluster, in the foreground: its Leases
 //! (the node's presence; the cluster singletons while it holds the cluster Lease), the
-//! controllers as a member (the volumes it owns), the node agent (this node's engines and
-//! replicas) and the REST API, all over the kube store in `--namespace`.
+//! controllers as a member (the volumes it owns, their scrub schedule), the node agent (this
+//! node's engines and replicas), the backup controller while it holds the cluster Lease
+//! ([`crate::cluster::singletons`]) and the REST API, all over the kube store in
+//! `--namespace`: every controller `zebu up` runs on one host.
 //!
 //! Stopping it (SIGTERM, a pod restart or upgrade, or kill -9) stops the manager only: the
 //! node's engines and replicas go on serving (they are the instance manager's processes, or,
@@ -25,7 +27,7 @@ use zebu_ops::Ops;
 use zebu_types::Store;
 
 use super::args::ManagerArgs;
-use crate::cluster::{LeaseMembership, client_from, kube_config, lease, run_leases};
+use crate::cluster::{LeaseMembership, client_from, kube_config, lease, run_leases, singletons};
 
 /// How often the node agent writes its Node's status (disk capacity); presence is the
 /// Lease's, so this only keeps the capacity the scheduler reads current.
@@ -110,6 +112,18 @@ pub async fn manager(
             tracing::error!(node, "node agent: {e}");
         }
     });
+    let backups = {
+        let store = store.clone();
+        let cfg = zebu_controllers::backup::BackupConfig {
+            work_dir: data_dir.join("backups"),
+        };
+        tokio::spawn(singletons::run_while_leading(
+            "backup controller",
+            membership.clone(),
+            move |stop| zebu_controllers::backup::run(store.clone(), cfg.clone(), stop),
+            stop_rx.clone(),
+        ))
+    };
     let controllers =
         zebu_controllers::Controllers::member(store.clone(), args.node.clone(), membership);
     let controllers = tokio::spawn(zebu_controllers::run_controllers(controllers, stop_rx));
@@ -128,6 +142,9 @@ pub async fn manager(
     let _ = stop_tx.send(true);
     if let Err(e) = controllers.await {
         tracing::warn!("controller task failed: {e}");
+    }
+    if let Err(e) = backups.await {
+        tracing::warn!("backup controller task failed: {e}");
     }
     if let Err(e) = leases.await {
         tracing::warn!("Lease task failed: {e}");

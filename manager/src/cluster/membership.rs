@@ -13,7 +13,8 @@ use tokio::sync::watch;
 use zebu_controllers::{Membership, Presence, PresenceMap};
 
 use super::lease::{
-    self, CLUSTER_LEASE, LeaseClient, LeaseError, NODE_LEASE_PREFIX, RENEW_DEADLINE, RENEW_INTERVAL,
+    self, CLUSTER_LEASE, LEASE_DURATION, LeaseClient, LeaseError, NODE_LEASE_PREFIX,
+    RENEW_DEADLINE, RENEW_INTERVAL,
 };
 
 #[derive(Debug, Default)]
@@ -23,6 +24,8 @@ struct State {
     /// When the last successful renew of the cluster Lease began (`None`: not held).
     cluster: Option<Instant>,
     presence: PresenceMap,
+    /// When this manager first listed the node Leases (see [`Membership::leases_settled`]).
+    observing_since: Option<Instant>,
     /// The last error, logged when it changes.
     last_error: Option<String>,
 }
@@ -92,6 +95,16 @@ impl Membership for LeaseMembership {
         let s = self.lock();
         Self::fresh(s.own) && Self::fresh(s.cluster)
     }
+
+    /// A whole Lease duration since the first list of the node Leases, and the own Lease
+    /// fresh (so the lists since are current): every manager that exists renewed its Lease
+    /// meanwhile, and Zebu never deletes one, so a node not seen by then has no manager.
+    fn leases_settled(&self) -> bool {
+        let s = self.lock();
+        Self::fresh(s.own)
+            && s.observing_since
+                .is_some_and(|t| t.elapsed() >= LEASE_DURATION)
+    }
 }
 
 /// Presence from the node Leases as read at `now` (`wall` being the same moment on the
@@ -148,7 +161,9 @@ async fn round(client: &mut LeaseClient, m: &LeaseMembership) -> Result<(), Leas
     }
     let leases = client.list(NODE_LEASE_PREFIX).await?;
     let p = presence_of(&leases, Instant::now(), SystemTime::now());
-    m.lock().presence = p;
+    let mut s = m.lock();
+    s.presence = p;
+    s.observing_since.get_or_insert(started);
     Ok(())
 }
 

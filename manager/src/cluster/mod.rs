@@ -4,10 +4,12 @@
 //! - [`lease`]: the node Leases and the cluster Lease, their pure decision and the client
 //!   that reads and writes them;
 //! - [`membership`]: the loop that keeps this manager's Leases and observes everyone's,
-//!   and hands the controllers what it learnt ([`zebu_controllers::Membership`]).
+//!   and hands the controllers what it learnt ([`zebu_controllers::Membership`]);
+//! - [`singletons`]: the backup controller, run by whichever manager holds the cluster Lease.
 
 pub mod lease;
 pub mod membership;
+pub mod singletons;
 
 pub use membership::{LeaseMembership, run_leases};
 

@@ -36,6 +36,8 @@ pub struct ZebuCluster {
     pub tmp: tempfile::TempDir,
     kubeconfig: PathBuf,
     pub members: BTreeMap<String, Member>,
+    /// Extra environment of every manager started from now on, and of [`Self::zebu`].
+    pub env: Vec<(String, String)>,
 }
 
 /// The `zebu manager` binaries' neighbour `name` (cargo build --workspace --bins).
@@ -63,6 +65,7 @@ impl ZebuCluster {
             ns,
             tmp,
             members: BTreeMap::new(),
+            env: Vec::new(),
         };
         zc.bind_the_charts_role();
         // The shared machine's disk is often fuller than the default free-space reserve.
@@ -142,6 +145,7 @@ impl ZebuCluster {
                 "ZEBU_LOG",
                 "zebu_manager=info,zebu_ops=info,zebu_controllers=info,zebu_agent=info,zebu_kube_store=info",
             )
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
@@ -169,6 +173,42 @@ impl ZebuCluster {
                 api: Some(api),
             },
         );
+    }
+
+    /// `zebu --kubeconfig ADMIN --namespace NS ARGS...`: the CLI against this cluster, as a
+    /// person with kubectl's rights runs it.
+    pub fn zebu(&self, args: &[&str]) -> std::process::Output {
+        Command::new(ZEBU)
+            .arg("--kubeconfig")
+            .arg(self.k8s.admin())
+            .args(["--namespace", &self.ns])
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .expect("run zebu")
+    }
+
+    /// [`Self::zebu`] that must succeed: its stdout.
+    pub fn zebu_ok(&self, args: &[&str]) -> String {
+        let out = self.zebu(args);
+        assert!(
+            out.status.success(),
+            "zebu {args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// [`Self::zebu`] that must fail: its stderr.
+    pub fn zebu_fails(&self, args: &[&str]) -> String {
+        let out = self.zebu(args);
+        assert!(
+            !out.status.success(),
+            "zebu {args:?} succeeded: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
     /// kill -9 node `name`'s manager only (its engines and replicas run on).
