@@ -110,6 +110,15 @@ pub async fn manager(
             tracing::error!(node, "node agent: {e}");
         }
     });
+    // Backups and their GC run on the manager holding the cluster Lease only.
+    let backups = tokio::spawn(zebu_controllers::backup::run_member(
+        store.clone(),
+        zebu_controllers::backup::BackupConfig {
+            work_dir: data_dir.join("backups"),
+        },
+        membership.clone(),
+        stop_rx.clone(),
+    ));
     let controllers =
         zebu_controllers::Controllers::member(store.clone(), args.node.clone(), membership);
     let controllers = tokio::spawn(zebu_controllers::run_controllers(controllers, stop_rx));
@@ -128,6 +137,9 @@ pub async fn manager(
     let _ = stop_tx.send(true);
     if let Err(e) = controllers.await {
         tracing::warn!("controller task failed: {e}");
+    }
+    if let Err(e) = backups.await {
+        tracing::warn!("backup controller task failed: {e}");
     }
     if let Err(e) = leases.await {
         tracing::warn!("Lease task failed: {e}");
