@@ -4,6 +4,7 @@
 //! |--------|-----------------------------------|---------------------------------------------|
 //! | GET    | `/v1/backuptarget`                | the backup target and its status            |
 //! | PUT    | `/v1/backuptarget`                | set it (a [`SetBackupTarget`]; checked first)|
+//! | POST   | `/v1/backuptarget/gc[?wait=true]` | run GC now ([`GcReportLine`]; 202 unless wait)|
 //! | GET    | `/v1/backups[?volume=V]`          | list backups, oldest first                  |
 //! | POST   | `/v1/backups`                     | back up a volume (a [`CreateBackup`])       |
 //! | GET    | `/v1/backups/{name}`              | one backup                                  |
@@ -20,7 +21,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use zebu_ops::Ops;
 use zebu_types::requests::Items;
-use zebu_types::requests::backup::{CreateBackup, RestoreBackup, SetBackupTarget, VerifyReport};
+use zebu_types::requests::backup::{
+    CreateBackup, GcReportLine, RestoreBackup, SetBackupTarget, VerifyReport,
+};
 use zebu_types::resources::{Backup, BackupTarget, Volume};
 
 use crate::ApiResult;
@@ -28,6 +31,7 @@ use crate::ApiResult;
 pub(crate) fn routes() -> Router<Ops> {
     Router::new()
         .route("/v1/backuptarget", get(get_target).put(set_target))
+        .route("/v1/backuptarget/gc", post(run_gc))
         .route("/v1/backups", get(list_backups).post(create_backup))
         .route("/v1/backups/{name}", get(get_backup).delete(delete_backup))
         .route("/v1/backups/{name}/verify", post(verify_backup))
@@ -44,6 +48,25 @@ async fn set_target(
 ) -> ApiResult<Json<BackupTarget>> {
     let Json(req) = body?;
     Ok(Json(ops.set_backup_target(req).await?))
+}
+
+#[derive(Debug, Deserialize)]
+struct GcQuery {
+    #[serde(default)]
+    wait: bool,
+}
+
+async fn run_gc(
+    State(ops): State<Ops>,
+    Query(q): Query<GcQuery>,
+) -> ApiResult<(StatusCode, Json<GcReportLine>)> {
+    let line = ops.backup_gc(q.wait).await?;
+    let code = if q.wait {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((code, Json(line)))
 }
 
 #[derive(Debug, Deserialize)]

@@ -69,6 +69,7 @@ pub fn windows(ranges: &[Range<u64>], window: u64) -> Vec<Range<u64>> {
 pub async fn run(spec: &JobSpec, job: &BackupJob, rep: &Reporter) -> Result<(), JobFailure> {
     let opts = StoreOptions {
         cache_dir: spec.cache_dir.clone(),
+        sessions: spec.session_times(),
         ..StoreOptions::default()
     };
     let store = crate::target::open(&spec.target, opts).await.map_err(|e| {

@@ -92,7 +92,32 @@ pub struct JobSpec {
     /// The family index cache of this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_dir: Option<PathBuf>,
+    /// The attempt's id, recorded by the controller in the Backup's status before this
+    /// process was started; the report carries it back, so a report is matched to its run.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run_id: String,
+    /// The ttl of the writer's session marker in the target, seconds (`None`: the store's
+    /// default); a killed run's packs are protected from GC this long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_ttl_secs: Option<u64>,
     pub job: JobKind,
+}
+
+impl JobSpec {
+    /// The session times this job's writer keeps: the ttl asked for, a heartbeat a tenth of
+    /// it (at most a minute), so several heartbeats may fail before the marker lapses.
+    pub fn session_times(&self) -> zebu_backupstore::SessionTimes {
+        match self.session_ttl_secs {
+            Some(t) if t > 0 => {
+                let ttl = std::time::Duration::from_secs(t);
+                zebu_backupstore::SessionTimes {
+                    ttl,
+                    heartbeat: (ttl / 10).min(std::time::Duration::from_secs(60)),
+                }
+            }
+            _ => zebu_backupstore::SessionTimes::default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -109,6 +134,9 @@ pub enum JobState {
 #[serde(rename_all = "camelCase")]
 pub struct JobReport {
     pub state: JobState,
+    /// The run this report is of ([`JobSpec::run_id`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run_id: String,
     /// Bytes of the volume to go through (a backup: the chunks planned; a restore: the
     /// chunks to write).
     pub bytes_total: u64,
@@ -196,6 +224,8 @@ mod tests {
                 credentials: None,
             },
             cache_dir: None,
+            run_id: "v-1-0001".into(),
+            session_ttl_secs: Some(30),
             job: JobKind::Backup(BackupJob {
                 family: "v".into(),
                 backup: "v-1".into(),

@@ -45,6 +45,7 @@ pub use replica::ReplicaLink;
 /// Runs one job to its end, keeping its report at [`job::report_path`]`(job_file)`.
 pub async fn run_job(spec: &JobSpec, job_file: &std::path::Path) -> Result<JobReport, String> {
     let rep = report::Reporter::new(job::report_path(job_file));
+    rep.update(|r| r.run_id = spec.run_id.clone());
     let outcome = match &spec.job {
         JobKind::Backup(b) => backup_job::run(spec, b, &rep).await,
         JobKind::Restore(r) => restore_job::run(spec, r, &rep).await,

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use zebu_backup::job::{BackupJob, JobKind, JobReport, JobSpec, ParentRef, RestoreJob};
-use zebu_backupstore::{GcOptions, Manifest};
+use zebu_backupstore::Manifest;
 use zebu_ops::backup::{open_target, target_ref};
 use zebu_types::Store;
 use zebu_types::names::{BACKUP_FAMILY_ANNOTATION, BACKUP_FINALIZER, FROM_BACKUP_ANNOTATION};
@@ -44,10 +44,22 @@ use zebu_types::resources::{
 use zebu_types::size::ByteSize;
 use zebu_types::store::{StoreError, TypedStore};
 
+use crate::Membership;
 use crate::backup_jobs::{Attempt, Jobs};
 
 /// Attempts of one backup or restore before it is `error`.
 pub const MAX_ATTEMPTS: u32 = 5;
+/// The wait after a backup's first failed attempt; it doubles with each further one.
+pub const RETRY_BASE: Duration = Duration::from_secs(2);
+/// The longest wait between two attempts.
+pub const RETRY_CAP: Duration = Duration::from_secs(60);
+
+/// How long to wait after `attempts` failed attempts: [`RETRY_BASE`] doubled per attempt
+/// after the first, at most [`RETRY_CAP`].
+pub fn retry_backoff(attempts: u32) -> Duration {
+    let doublings = attempts.saturating_sub(1).min(16);
+    RETRY_BASE.saturating_mul(1 << doublings).min(RETRY_CAP)
+}
 const PERIOD: Duration = Duration::from_secs(1);
 
 /// What the controller needs from its host.
@@ -179,6 +191,8 @@ impl BackupController {
         JobSpec {
             target: target_ref(&t.spec),
             cache_dir: Some(self.cfg.work_dir.join("cache")),
+            run_id: String::new(),
+            session_ttl_secs: Some(t.spec.session_ttl),
             job,
         }
     }
@@ -225,15 +239,14 @@ impl BackupController {
             return self.write_status(b, status).await;
         };
         let seen = self.jobs.attempt(&job);
-        // A process ran, whatever the record says: a manager killed between starting the
-        // upload and recording the attempt must not leave it counted as never started.
-        if !matches!(seen, Attempt::None) {
-            status.attempts = status.attempts.max(1);
-        }
         match seen {
             Attempt::Running(r) => {
                 fill_status(&mut status, &r);
                 status.state = BackupState::InProgress;
+                status.next_retry_at = None;
+                // A process found running that no record counts (a manager older than
+                // the write-ahead record started it) is an attempt all the same.
+                status.attempts = status.attempts.max(1);
                 return self.write_status(b, status).await;
             }
             Attempt::Done(r) => {
@@ -241,6 +254,8 @@ impl BackupController {
                 status.state = BackupState::Completed;
                 status.progress = 100;
                 status.error.clear();
+                status.next_retry_at = None;
+                status.attempts = status.attempts.max(1);
                 status.url = Some(format!("{}#{}/{}", t.spec.url, family_of_backup(b), name));
                 self.write_status(b, status).await?;
                 self.jobs.forget(&job);
@@ -249,23 +264,77 @@ impl BackupController {
             Attempt::Failed(r) if r.permanent => {
                 status.state = BackupState::Error;
                 status.error = r.error;
+                status.next_retry_at = None;
+                status.attempts = status.attempts.max(1);
                 self.write_status(b, status).await?;
                 self.jobs.forget(&job);
                 return Ok(());
             }
-            Attempt::Failed(r) => status.error = r.error,
-            Attempt::Killed(_) => {
-                status.error = format!("attempt {} was killed before it finished", status.attempts);
+            // The report of an earlier run while a later one is recorded: the later one's
+            // process never started (the manager stopped between record and start).
+            Attempt::Failed(r) | Attempt::Killed(r)
+                if !r.run_id.is_empty()
+                    && !status.run_id.is_empty()
+                    && r.run_id != status.run_id =>
+            {
+                status.error = format!(
+                    "attempt {} (run {}) never started",
+                    status.attempts, status.run_id
+                );
+            }
+            Attempt::Failed(r) => {
+                status.attempts = status.attempts.max(1);
+                status.error = r.error;
+            }
+            Attempt::Killed(r) => {
+                status.attempts = status.attempts.max(1);
+                status.error = format!(
+                    "attempt {} (run {}) was killed before it finished",
+                    status.attempts,
+                    if r.run_id.is_empty() {
+                        "?"
+                    } else {
+                        r.run_id.as_str()
+                    }
+                );
+            }
+            // Recorded, but no process and no report: the manager stopped between the
+            // record and the start (or the job's files were lost with its node).
+            Attempt::None if status.attempts > 0 && status.error.is_empty() => {
+                status.error = format!(
+                    "attempt {} (run {}) left no process and no report",
+                    status.attempts, status.run_id
+                );
             }
             Attempt::None => {}
         }
         if status.attempts >= MAX_ATTEMPTS {
             status.state = BackupState::Error;
+            status.next_retry_at = None;
             status.error = format!(
                 "gave up after {} attempts: {}",
                 status.attempts, status.error
             );
             return self.write_status(b, status).await;
+        }
+        // A failed attempt waits out its backoff before the next one.
+        if status.attempts > 0 {
+            let now = std::time::SystemTime::now();
+            let at = status
+                .next_retry_at
+                .as_deref()
+                .and_then(zebu_types::time::parse_rfc3339);
+            match at {
+                None => {
+                    let next = now + retry_backoff(status.attempts);
+                    status.next_retry_at = Some(zebu_types::time::format_rfc3339(next));
+                    tracing::info!(backup = %name, attempts = status.attempts, next = ?status.next_retry_at,
+                        error = %status.error, "backup attempt failed; retrying after a backoff");
+                    return self.write_status(b, status).await;
+                }
+                Some(at) if at > now => return self.write_status(b, status).await,
+                Some(_) => {}
+            }
         }
         let addrs = replica_addrs(&b.spec.volume, replicas, engines);
         if addrs.is_empty() {
@@ -299,7 +368,24 @@ impl BackupController {
                 backup: p.metadata.name.clone(),
                 snapshot: p.spec.snapshot.clone(),
             });
-        let spec = self.spec(
+        // The write-ahead record: the attempt and its run id are in the Backup's status
+        // before its process exists, so a manager killed at any point after this leaves a
+        // record that `backup rm` acts on (it deletes from the target) and the next pass
+        // counts. Only a record that was written lets the process start.
+        let run_id = format!(
+            "{name}-{}-{:08x}",
+            status.attempts + 1,
+            rand::random::<u32>()
+        );
+        status.attempts += 1;
+        status.run_id = run_id.clone();
+        status.state = BackupState::InProgress;
+        status.next_retry_at = None;
+        status.family = family.clone();
+        let Some(recorded) = self.record_attempt(b, status).await? else {
+            return Ok(());
+        };
+        let mut spec = self.spec(
             t,
             JobKind::Backup(BackupJob {
                 family,
@@ -311,15 +397,38 @@ impl BackupController {
                 labels: b.spec.labels.clone(),
             }),
         );
-        match self.jobs.start(&job, &spec) {
-            Ok(_) => {
-                status.attempts += 1;
-                status.state = BackupState::InProgress;
-                status.family = family_of_backup(b);
-            }
-            Err(e) => status.error = e.to_string(),
+        spec.run_id = run_id.clone();
+        if let Err(e) = self.jobs.start(&job, &spec) {
+            let mut status = recorded.status.clone();
+            status.error = format!("cannot start run {run_id}: {e}");
+            return self.write_status(&recorded, status).await;
         }
-        self.write_status(b, status).await
+        tracing::info!(backup = %name, run = %run_id, attempt = recorded.status.attempts, "backup attempt started");
+        Ok(())
+    }
+
+    /// Writes a new attempt into the Backup's status, strictly: `None` if the object
+    /// changed or went meanwhile (the next pass decides again), so no process starts
+    /// without its record.
+    async fn record_attempt(
+        &self,
+        b: &Backup,
+        status: BackupStatus,
+    ) -> Result<Option<Backup>, StoreError> {
+        if !b.status.state.can_become(status.state) {
+            tracing::error!(backup = %b.metadata.name, "refused transition {} -> {}", b.status.state, status.state);
+            return Ok(None);
+        }
+        if b.status.state != status.state {
+            tracing::info!(backup = %b.metadata.name, "backup {} -> {}", b.status.state, status.state);
+        }
+        let mut next = b.clone();
+        next.status = status;
+        match self.store.update_status_as(&next).await {
+            Ok(written) => Ok(Some(written)),
+            Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     async fn delete(
@@ -332,9 +441,9 @@ impl BackupController {
         }
         let name = b.metadata.name.clone();
         let job = backup_job(&name);
-        // Never started: no attempt recorded and no process or report on this node (a manager
-        // killed right after starting the upload recorded none, yet objects may be in the
-        // target).
+        // Never started: no attempt recorded (every attempt is recorded before its process
+        // starts) and no process or report on this node (one started by a manager older
+        // than the write-ahead record).
         let never_started = b.status.attempts == 0
             && b.status.state != BackupState::Completed
             && matches!(self.jobs.attempt(&job), Attempt::None);
@@ -627,32 +736,49 @@ impl BackupController {
     }
 }
 
-/// One GC pass over every family of the target, summed up in one line.
+/// One GC pass over every family of the target, summed up in one line (see
+/// [`zebu_ops::backup::gc_target`], which `zebu backup gc` runs too).
 pub async fn run_gc(store: &zebu_backupstore::BackupStore, t: &BackupTarget) -> String {
-    let opts = GcOptions {
-        margin: Duration::from_secs(t.spec.gc_margin),
-        ..GcOptions::default()
-    };
-    let families = match store.families().await {
-        Ok(f) => f,
-        Err(e) => return format!("cannot list families: {e}"),
-    };
-    let mut lines = Vec::new();
-    for f in families {
-        match store.gc(&f, opts).await {
-            Ok(o) => lines.push(format!("{}: {o:?}", f.as_str())),
-            Err(e) => lines.push(format!("{}: {e}", f.as_str())),
-        }
-    }
-    tracing::info!("backup GC: {}", lines.join("; "));
-    lines.join("; ")
+    zebu_ops::backup::gc_target(store, &t.spec).await.summary
 }
 
-/// Runs the backup controller until `stop` turns true.
-pub async fn run(store: Arc<dyn Store>, cfg: BackupConfig, mut stop: watch::Receiver<bool>) {
+/// Runs the backup controller until `stop` turns true (the only manager: `zebu up`).
+pub async fn run(store: Arc<dyn Store>, cfg: BackupConfig, stop: watch::Receiver<bool>) {
+    run_gated(store, cfg, None, stop).await;
+}
+
+/// Runs the backup controller of one manager among several (Kubernetes): it works only
+/// while this manager holds the cluster Lease ([`Membership::leads`]), so uploads are
+/// started and GC runs from one manager at a time. A manager that takes over finds the
+/// Backups' write-ahead records and retries what the last leader's processes left.
+pub async fn run_member(
+    store: Arc<dyn Store>,
+    cfg: BackupConfig,
+    membership: Arc<dyn Membership>,
+    stop: watch::Receiver<bool>,
+) {
+    run_gated(store, cfg, Some(membership), stop).await;
+}
+
+async fn run_gated(
+    store: Arc<dyn Store>,
+    cfg: BackupConfig,
+    membership: Option<Arc<dyn Membership>>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut c = BackupController::new(store, cfg);
+    let mut leading = membership.is_none();
     loop {
-        if let Err(e) = c.pass().await {
+        let leads = membership.as_ref().is_none_or(|m| m.leads());
+        if leads != leading {
+            tracing::info!(
+                leads,
+                "backup controller: cluster Lease {}",
+                if leads { "held" } else { "not held" }
+            );
+            leading = leads;
+        }
+        if leads && let Err(e) = c.pass().await {
             tracing::warn!("backup controller: {e}");
         }
         tokio::select! {

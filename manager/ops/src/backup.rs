@@ -16,15 +16,20 @@
 //! - **Restore**: a new volume created with [`FROM_BACKUP_ANNOTATION`]; it may not be
 //!   attached until the controller has written the backup into its replicas.
 //! - **Verify**: reads every chunk of the backup from the target here, checking each hash.
+//! - **GC**: [`Ops::backup_gc`] runs one GC pass over every family now, here (the store's
+//!   per-family lease keeps two GCs from working at once wherever they run); the backup
+//!   controller runs the same [`gc_target`] every `gcInterval`, as a cluster singleton.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use zebu_backup::job::TargetRef;
-use zebu_backupstore::{BackupError, BackupName, BackupStore, FamilyId, StoreOptions};
+use zebu_backupstore::{BackupError, BackupName, BackupStore, FamilyId, GcOptions, StoreOptions};
 use zebu_types::names::{BACKUP_FAMILY_ANNOTATION, BACKUP_FINALIZER, FROM_BACKUP_ANNOTATION};
 use zebu_types::requests::CreateVolume;
-use zebu_types::requests::backup::{CreateBackup, RestoreBackup, SetBackupTarget, VerifyReport};
+use zebu_types::requests::backup::{
+    CreateBackup, GcReportLine, RestoreBackup, SetBackupTarget, VerifyReport,
+};
 use zebu_types::resources::{
     Backup, BackupSpec, BackupState, BackupTarget, BackupTargetSpec, DEFAULT_BACKUP_TARGET,
     RestoreState, Volume,
@@ -74,6 +79,41 @@ pub async fn open_target(t: &TargetRef) -> Result<BackupStore, String> {
             TARGET_CHECK_TIMEOUT.as_secs()
         )),
     }
+}
+
+/// One GC pass over every family of the target, with the target's margin. Safe beside
+/// running backups and beside another GC (the store's per-family lease makes a second one
+/// answer `Busy`), so it may run wherever it is asked for.
+pub async fn gc_target(store: &BackupStore, t: &BackupTargetSpec) -> GcReportLine {
+    let opts = GcOptions {
+        margin: Duration::from_secs(t.gc_margin),
+        ..GcOptions::default()
+    };
+    let done = |summary: String, ok: bool| GcReportLine {
+        at: zebu_types::time::now_rfc3339(),
+        summary,
+        ok,
+    };
+    let families = match store.families().await {
+        Ok(f) => f,
+        Err(e) => return done(format!("cannot list families: {e}"), false),
+    };
+    let mut lines = Vec::new();
+    let mut ok = true;
+    for f in families {
+        match store.gc(&f, opts).await {
+            Ok(o) => lines.push(format!("{}: {o:?}", f.as_str())),
+            Err(e) => {
+                ok = false;
+                lines.push(format!("{}: {e}", f.as_str()));
+            }
+        }
+    }
+    if lines.is_empty() {
+        lines.push("no families".into());
+    }
+    tracing::info!(ok, "backup GC: {}", lines.join("; "));
+    done(lines.join("; "), ok)
 }
 
 /// Refuses to attach a volume whose restore has not finished (its replicas do not hold the
@@ -149,6 +189,18 @@ impl Ops {
                 return Err(OpsError::invalid("pollInterval must be at least 1 s"));
             }
             spec.poll_interval = p;
+        }
+        if let Some(g) = req.gc_interval {
+            spec.gc_interval = g;
+        }
+        if let Some(m) = req.gc_margin {
+            spec.gc_margin = m;
+        }
+        if let Some(t) = req.session_ttl {
+            if t < 2 {
+                return Err(OpsError::invalid("sessionTtl must be at least 2 s"));
+            }
+            spec.session_ttl = t;
         }
         open_target(&target_ref(&spec)).await.map_err(target_err)?;
         for _ in 0..10 {
@@ -345,6 +397,75 @@ impl Ops {
         }
         tracing::info!(backup = name, ok = report.ok, error = %report.error, "backup verified");
         Ok(report)
+    }
+
+    /// Runs GC over the target now (`wait`), or starts it and returns at once; the outcome
+    /// is recorded in the target's status (`lastGc`, `lastGcAt`) either way.
+    pub async fn backup_gc(&self, wait: bool) -> OpsResult<GcReportLine> {
+        let target = self.get_backup_target().await?;
+        let store = open_target(&target_ref(&target.spec))
+            .await
+            .map_err(|e| OpsError::precondition("", e))?;
+        let spec = target.spec.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // On a thread and runtime of its own, as verify: the store's GC future is not
+        // `Send` for every lifetime a handler's future must be.
+        std::thread::spawn(move || {
+            let line = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt.block_on(gc_target(&store, &spec)),
+                Err(e) => GcReportLine {
+                    at: zebu_types::time::now_rfc3339(),
+                    summary: format!("no runtime for GC: {e}"),
+                    ok: false,
+                },
+            };
+            let _ = tx.send(line);
+        });
+        let ops = self.clone();
+        // The outcome is recorded whether or not the caller waits for it.
+        let recorder = tokio::spawn(async move {
+            let line = rx.await.map_err(|_| OpsError::Aborted {
+                message: "the GC stopped before it reported".into(),
+            })?;
+            if let Err(e) = ops.record_gc(&line).await {
+                tracing::warn!("cannot record the GC's outcome: {e}");
+            }
+            Ok::<_, OpsError>(line)
+        });
+        if !wait {
+            return Ok(GcReportLine {
+                at: zebu_types::time::now_rfc3339(),
+                summary: "started".into(),
+                ok: true,
+            });
+        }
+        recorder.await.map_err(|e| OpsError::Aborted {
+            message: format!("the GC's task failed: {e}"),
+        })?
+    }
+
+    /// Records a GC's outcome in the target's status.
+    async fn record_gc(&self, line: &GcReportLine) -> OpsResult<()> {
+        for _ in 0..10 {
+            let Some(mut t) = self
+                .store
+                .get_as::<BackupTarget>(DEFAULT_BACKUP_TARGET)
+                .await?
+            else {
+                return Ok(());
+            };
+            t.status.last_gc = line.summary.clone();
+            t.status.last_gc_at = Some(line.at.clone());
+            match self.store.update_status_as(&t).await {
+                Ok(_) => return Ok(()),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     /// A new volume that the backup controller fills from backup `name`.

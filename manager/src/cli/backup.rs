@@ -15,7 +15,9 @@ use clap::Subcommand;
 use hyper::Method;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use zebu_types::requests::Items;
-use zebu_types::requests::backup::{CreateBackup, RestoreBackup, SetBackupTarget, VerifyReport};
+use zebu_types::requests::backup::{
+    CreateBackup, GcReportLine, RestoreBackup, SetBackupTarget, VerifyReport,
+};
 use zebu_types::resources::{Backup, BackupState, BackupTarget, Volume};
 use zebu_types::size::ByteSize;
 
@@ -54,6 +56,13 @@ pub enum BackupCmd {
     Rm { name: String },
     /// Read every chunk of a backup from the target and check it.
     Verify { name: String },
+    /// Run garbage collection over the target now (packs no backup references go after
+    /// the target's margin, at a second pass).
+    Gc {
+        /// Wait for the pass to end and show what it did.
+        #[arg(long)]
+        wait: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -67,6 +76,16 @@ pub enum TargetCmd {
         /// Seconds between reads of the target's list of backups.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86400))]
         poll_interval: Option<u64>,
+        /// Seconds between GC runs over the target (0: only `zebu backup gc`).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(0..=31_536_000))]
+        gc_interval: Option<u64>,
+        /// GC's safety margin, seconds: no pack younger is condemned, no condemnation
+        /// younger is carried out.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(0..=31_536_000))]
+        gc_margin: Option<u64>,
+        /// Seconds a backup's session marker protects its packs without a heartbeat.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(2..=86400))]
+        session_ttl: Option<u64>,
     },
     /// Show the target.
     Get,
@@ -111,11 +130,17 @@ pub async fn backup(client: &Client, out: Output, cmd: BackupCmd) -> anyhow::Res
             url,
             credentials,
             poll_interval,
+            gc_interval,
+            gc_margin,
+            session_ttl,
         }) => {
             let req = SetBackupTarget {
                 url,
                 credential_secret: credentials,
                 poll_interval,
+                gc_interval,
+                gc_margin,
+                session_ttl,
             };
             let t: BackupTarget = client
                 .call(Method::PUT, "/v1/backuptarget", Some(&req))
@@ -165,6 +190,19 @@ pub async fn backup(client: &Client, out: Output, cmd: BackupCmd) -> anyhow::Res
             let path = format!("/v1/backups/{}", segment(&name));
             let v: serde_json::Value = client.call(Method::DELETE, &path, Client::NO_BODY).await?;
             render::value(out, &v)
+        }
+        BackupCmd::Gc { wait } => {
+            let path = format!("/v1/backuptarget/gc?wait={wait}");
+            let r: GcReportLine = client.call(Method::POST, &path, Client::NO_BODY).await?;
+            match out {
+                Output::Table if wait => emit(&format!("backup GC: {}\n", r.summary))?,
+                Output::Table => emit("backup GC started\n")?,
+                _ => render::value(out, &r)?,
+            }
+            if !r.ok {
+                bail!("backup GC failed: {}", r.summary);
+            }
+            Ok(())
         }
         BackupCmd::Verify { name } => {
             let path = format!("/v1/backups/{}/verify", segment(&name));
@@ -276,10 +314,18 @@ pub fn backup_table(items: &[Backup]) -> String {
                 s.read.to_string(),
                 s.uploaded.to_string(),
                 s.parent.clone().unwrap_or_else(|| "-".into()),
-                if s.error.is_empty() {
-                    "-".into()
-                } else {
-                    s.error.clone()
+                match (&s.next_retry_at, s.error.is_empty()) {
+                    (Some(at), _) => format!(
+                        "{} (attempt {}, next at {at})",
+                        if s.error.is_empty() {
+                            "retrying"
+                        } else {
+                            s.error.as_str()
+                        },
+                        s.attempts + 1
+                    ),
+                    (None, true) => "-".into(),
+                    (None, false) => s.error.clone(),
                 },
             ]
         })

@@ -20,6 +20,27 @@ pub struct SetBackupTarget {
     /// Seconds between reads of the target's list of backups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll_interval: Option<u64>,
+    /// Seconds between GC runs over the target (0: only on demand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc_interval: Option<u64>,
+    /// GC's safety margin in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc_margin: Option<u64>,
+    /// How long a backup's session marker protects its packs without a heartbeat, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_ttl: Option<u64>,
+}
+
+/// What `POST /v1/backuptarget/gc` did: one line per family.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GcReportLine {
+    /// When the run ended (RFC 3339).
+    pub at: String,
+    /// What it did, one `FAMILY: outcome` per family, `; `-separated.
+    pub summary: String,
+    /// Whether every family's GC answered (`Busy` counts: another GC was at it).
+    pub ok: bool,
 }
 
 /// `POST /v1/backups`: back up a volume.

@@ -221,9 +221,18 @@ pub struct BackupStatus {
     /// The node whose agent runs the upload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-    /// Upload processes started so far (a killed one is retried).
+    /// Upload attempts so far, each recorded here before its process is started (a killed
+    /// one is retried).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub attempts: u32,
+    /// The id of the latest attempt (its job and its session in the target carry it),
+    /// recorded before its process starts.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run_id: String,
+    /// When the next attempt may start (RFC 3339), while a failed one waits out its backoff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_retry_at: Option<String>,
+    /// The last attempt's error.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error: String,
 }
