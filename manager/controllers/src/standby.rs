@@ -275,6 +275,8 @@ impl StandbyController {
                 base_layer: r.restored_layer.clone().unwrap_or_default(),
                 volume_size: v.spec.size.bytes(),
             }),
+            run_id: String::new(),
+            session_ttl_secs: Some(t.spec.session_ttl),
         };
         match self.jobs.start(&job, &spec) {
             Ok(_) => {
