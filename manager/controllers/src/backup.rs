@@ -487,21 +487,7 @@ impl BackupController {
     }
 
     async fn write_restore(&self, v: &Volume, r: VolumeRestoreStatus) -> Result<(), StoreError> {
-        if v.status.restore.as_deref() == Some(&r) {
-            return Ok(());
-        }
-        let before = v.status.restore.as_ref().map(|x| x.state);
-        if before != Some(r.state) {
-            tracing::info!(volume = %v.metadata.name, backup = %r.backup, "restore {:?} -> {}{}",
-                before.map(RestoreState::as_str), r.state.as_str(),
-                if r.error.is_empty() { String::new() } else { format!(": {}", r.error) });
-        }
-        let mut next = v.clone();
-        next.status.restore = Some(Box::new(r));
-        match self.store.update_status_as(&next).await {
-            Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e),
-        }
+        write_restore_status(self.store.as_ref(), "restore", v, r).await
     }
 
     async fn restore(
@@ -788,5 +774,30 @@ async fn run_gated(
         if *stop.borrow() {
             break;
         }
+    }
+}
+
+/// Writes a volume's restore status if it changed, logging a change of state; a conflict or
+/// a volume gone meanwhile is left to the next pass. Shared by restores and standbys.
+pub(crate) async fn write_restore_status(
+    store: &dyn Store,
+    what: &str,
+    v: &Volume,
+    r: VolumeRestoreStatus,
+) -> Result<(), StoreError> {
+    if v.status.restore.as_deref() == Some(&r) {
+        return Ok(());
+    }
+    let before = v.status.restore.as_ref().map(|x| x.state);
+    if before != Some(r.state) {
+        tracing::info!(volume = %v.metadata.name, backup = %r.backup, "{what} {:?} -> {}{}",
+            before.map(RestoreState::as_str), r.state.as_str(),
+            if r.error.is_empty() { String::new() } else { format!(": {}", r.error) });
+    }
+    let mut next = v.clone();
+    next.status.restore = Some(Box::new(r));
+    match store.update_status_as(&next).await {
+        Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
     }
 }

@@ -105,21 +105,7 @@ impl StandbyController {
     }
 
     async fn write_restore(&self, v: &Volume, r: VolumeRestoreStatus) -> Result<(), StoreError> {
-        if v.status.restore.as_deref() == Some(&r) {
-            return Ok(());
-        }
-        let before = v.status.restore.as_ref().map(|x| x.state);
-        if before != Some(r.state) {
-            tracing::info!(volume = %v.metadata.name, backup = %r.backup, "standby restore {:?} -> {}{}",
-                before.map(RestoreState::as_str), r.state.as_str(),
-                if r.error.is_empty() { String::new() } else { format!(": {}", r.error) });
-        }
-        let mut next = v.clone();
-        next.status.restore = Some(Box::new(r));
-        match self.store.update_status_as(&next).await {
-            Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e),
-        }
+        crate::backup::write_restore_status(self.store.as_ref(), "standby restore", v, r).await
     }
 
     async fn follow(
