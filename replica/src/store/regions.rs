@@ -26,11 +26,17 @@
 //!   So a region whose data may have changed on disk is always marked dirty on disk, whatever
 //!   the crash. Writes that need a page persisted at the same moment share one fdatasync
 //!   (group commit); writes to regions already marked cost nothing.
-//! - The look-ahead: marking a region `LOOKAHEAD` flushes ahead means a database that
-//!   writes the same regions and flushes after every commit pays one extra fdatasync per
-//!   `LOOKAHEAD` flushes instead of one per flush. The price is that a region counts as
-//!   dirty (to be reconciled after a crash) for up to `LOOKAHEAD` flushes after its last
-//!   write: a few more regions to compare, never a missed one.
+//! - The look-ahead: marking a region `ahead` flushes ahead means a database that writes
+//!   the same regions and flushes after every commit pays one extra fdatasync per `ahead`
+//!   flushes instead of one per flush. The price is that a region counts as dirty (to be
+//!   reconciled after a crash) for up to `ahead` flushes after its last write: more regions
+//!   to compare, never a missed one. `ahead` follows the flush rate: about as many flushes as
+//!   the replica saw in the last second ([`AHEAD_WINDOW`]), never fewer than [`LOOKAHEAD`]
+//!   nor more than [`MAX_LOOKAHEAD`]. So the bound is in time: a region counts as dirty for
+//!   about a second of flushes after its last write, whether flushes come every 30 s (a
+//!   filesystem: 16 flushes) or after every 4 KiB write (a database at QD 1: ~1,000). A
+//!   fixed 16 made random commits over more than 16 regions (a 1 GiB volume has 64) pay a
+//!   mark fdatasync on most writes: the region came back after its mark had run out.
 //! - Flush: after every write tagged with a flush number ≤ F has completed and the layer
 //!   files were fdatasync'ed, the header slot with the lower `seq` is overwritten with
 //!   `flushed = F`. It is not fdatasync'ed on its own: the flush number on disk may only
@@ -46,6 +52,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -56,8 +63,12 @@ const VERSION: u32 = 1;
 const PAGE: u64 = 4096;
 const PER_PAGE: u64 = PAGE / 8;
 const HEADER_PAGES: u64 = 2;
-/// How many flushes ahead a region is marked (see the module comment).
+/// How many flushes ahead a region is marked at least (see the module comment).
 pub const LOOKAHEAD: u64 = 16;
+/// How many flushes ahead a region is marked at most.
+pub const MAX_LOOKAHEAD: u64 = 4096;
+/// The look-ahead is the number of flushes seen in about this long.
+pub const AHEAD_WINDOW: Duration = Duration::from_secs(1);
 /// Default region size.
 pub const DEFAULT_REGION_SIZE: u64 = 16 << 20;
 /// Regions are enlarged so that no volume has more than this many.
@@ -82,6 +93,28 @@ struct State {
     /// Pages changed in memory but not yet persisted.
     unpersisted: BTreeSet<u64>,
     header_seq: u64,
+    /// How many flushes ahead new marks go (see the module comment).
+    ahead: u64,
+    /// Flushes started since `window_start` (to measure the flush rate).
+    window_flushes: u64,
+    window_start: Instant,
+}
+
+impl State {
+    /// Counts a flush and, once per [`AHEAD_WINDOW`], sets the look-ahead from the flush rate.
+    fn count_flush(&mut self, now: Instant) {
+        self.window_flushes += 1;
+        let elapsed = now.saturating_duration_since(self.window_start);
+        if elapsed >= AHEAD_WINDOW {
+            // Flushes per AHEAD_WINDOW over the window just ended (a long idle spell gives a
+            // low rate, so the first marks after it are short-sighted, as they should be).
+            let rate = (u128::from(self.window_flushes) * AHEAD_WINDOW.as_micros()
+                / elapsed.as_micros().max(1)) as u64;
+            self.ahead = rate.clamp(LOOKAHEAD, MAX_LOOKAHEAD);
+            self.window_flushes = 0;
+            self.window_start = now;
+        }
+    }
 }
 
 /// The region record of one replica. Shared; all methods take `&self`.
@@ -241,6 +274,9 @@ impl Regions {
                 in_flight: BTreeMap::new(),
                 unpersisted: BTreeSet::new(),
                 header_seq: seq,
+                ahead: LOOKAHEAD,
+                window_flushes: 0,
+                window_start: Instant::now(),
             }),
             committer: tokio::sync::Mutex::new(()),
             drained: Notify::new(),
@@ -284,9 +320,10 @@ impl Regions {
             let first = bytes.start / self.region_size;
             let last = (bytes.end.max(bytes.start + 1) - 1) / self.region_size;
             let mut need = false;
+            let mark = tag + st.ahead;
             for r in first..=last.min(st.last_flush.len() as u64 - 1) {
                 if st.last_flush[r as usize] < tag {
-                    st.last_flush[r as usize] = tag + LOOKAHEAD;
+                    st.last_flush[r as usize] = mark;
                     st.unpersisted.insert(r / PER_PAGE);
                     need = true;
                 }
@@ -363,6 +400,7 @@ impl Regions {
             super::identity::check_flush_number(st.flushed.max(st.pending), number)?;
             // A region written under a tag above `number` stays dirty after this flush.
             st.pending = st.pending.max(number + 1);
+            st.count_flush(Instant::now());
             number
         };
         loop {
@@ -509,6 +547,54 @@ mod tests {
         drop(r);
         let r = Regions::open(&path, 8 << 20, MIB).expect("open");
         assert_eq!(r.dirty(), vec![0]);
+    }
+
+    #[tokio::test]
+    async fn marks_reach_as_far_ahead_as_a_second_of_flushes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(REGIONS);
+        let r = Regions::create(&path, 8 << 20, MIB).expect("create");
+        let flush = || async {
+            let n = r.start_flush(0).await.expect("flush");
+            r.complete_flush(n).await.expect("complete");
+        };
+        // As if 999 flushes came in the last second: the next one ends the window.
+        {
+            let mut st = r.lock();
+            st.window_flushes = 999;
+            st.window_start -= AHEAD_WINDOW;
+        }
+        flush().await;
+        let ahead = r.lock().ahead;
+        assert!((900..=1000).contains(&ahead), "look-ahead {ahead}");
+        // A database at QD 1: write, flush, over and over. One mark covers them all.
+        drop(r.begin_write(0..4096).await.expect("write"));
+        let mark = r.lock().last_flush[0];
+        assert_eq!(mark, 2 + ahead);
+        for _ in 0..ahead - 1 {
+            flush().await;
+            drop(r.begin_write(0..4096).await.expect("write"));
+            assert!(r.lock().unpersisted.is_empty(), "no mark fdatasync");
+        }
+        assert_eq!(r.lock().last_flush[0], mark);
+        // Crash: the mark on disk covers the last write.
+        drop(r);
+        let r = Regions::open(&path, 8 << 20, MIB).expect("open");
+        assert_eq!(r.dirty(), vec![0]);
+        assert_eq!(
+            r.lock().ahead,
+            LOOKAHEAD,
+            "a reopened record starts short-sighted"
+        );
+        // A slow flusher (one flush in 100 s) gets the minimum back.
+        {
+            let mut st = r.lock();
+            st.ahead = MAX_LOOKAHEAD;
+            st.window_start -= 100 * AHEAD_WINDOW;
+        }
+        let n = r.start_flush(0).await.expect("flush");
+        r.complete_flush(n).await.expect("complete");
+        assert_eq!(r.lock().ahead, LOOKAHEAD);
     }
 
     #[test]
