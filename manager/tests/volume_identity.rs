@@ -191,8 +191,8 @@ fn try_engine(
     }
     if !exited {
         let _ = child.kill();
-        let _ = child.wait();
     }
+    let _ = child.wait();
     let ready = std::fs::read_to_string(&out)
         .unwrap_or_default()
         .lines()
