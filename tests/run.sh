@@ -45,6 +45,8 @@ fi
 # second warm. Then a check that the control plane really serves (tests/k8s/README.md).
 tests/k8s/tools.sh all
 tests/k8s/smoke.sh all
+# schemathesis (PyPI) for manager/tests/openapi.rs, in a venv cached the same way.
+tests/scripts/schemathesis.sh venv
 
 # The end-to-end tests start the real binaries from this build.
 cargo build --workspace --bins --examples

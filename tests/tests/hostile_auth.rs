@@ -4,6 +4,9 @@
 //! changes nothing: the generation, epoch, flush number and data stay as the engine left
 //! them, and the volume keeps serving.
 //!
+//! The last test is the final hostile check: every kind of hostile input at once, then every
+//! server still serves a normal client and no replica's files changed.
+//!
 //! Run with `--test-threads=1`: the tests use fixed loopback addresses.
 
 use std::net::SocketAddr;
@@ -314,5 +317,175 @@ async fn the_grpc_data_path_authenticates_too() -> anyhow::Result<()> {
         Some(tonic::Code::Unauthenticated),
         "a gRPC data stream without a token"
     );
+    Ok(())
+}
+
+/// Every file under `dir` with its bytes' CRC32C and length, sorted by path.
+fn tree_digest(dir: &Path) -> anyhow::Result<Vec<(String, u64, u32)>> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let p = e.path();
+            if e.file_type()?.is_dir() {
+                todo.push(p);
+            } else if e.file_type()?.is_file() {
+                let b = std::fs::read(&p)?;
+                let rel = p.strip_prefix(dir)?.display().to_string();
+                out.push((rel, b.len() as u64, crc32c::crc32c(&b)));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The final hostile check (issue 18): one volume with authenticated replica ports takes
+/// every kind of hostile input the other hostile tests send one at a time (unauthenticated
+/// and wrongly signed gRPC calls that fence, write or read out of range; frames hellos
+/// without or with a wrong proof, at the top of the generation range; garbage and truncated
+/// frames; garbage on the engine's NBD port). Afterwards every server still serves a normal
+/// client (each replica an authenticated client over gRPC and frames, the engine an NBD
+/// client, reading what was written and writing more), and no replica's files changed
+/// while only unauthenticated clients spoke to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_every_hostile_input_each_server_serves_and_no_replica_changed() -> anyhow::Result<()>
+{
+    let keys = tempfile::tempdir()?;
+    let good = write_secret(keys.path(), "vol.secret", SECRET, 0o600)?;
+    let args = ["--secret-file", good.as_str()];
+    let mut c = Cluster::replicas_only_with("vol-final", 64 * MIB, &args)?;
+    c.cfg.extra_args = args.iter().map(|a| a.to_string()).collect();
+    c.start_engine()?;
+    let dev = c.engine().nbd_client().await?;
+    dev.write(0, Bytes::from(vec![0x5eu8; 2 * MIB as usize]))
+        .await?;
+    dev.flush().await?;
+    dev.disconnect().await;
+    let nbd = c.engine().nbd.clone();
+    // The engine stopped cleanly: from here on only hostile clients talk to the replicas.
+    c.engine_mut().terminate(Duration::from_secs(30))?;
+    // Let the replicas finish with the engine's connections before their files are read.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let secret = Secret::from_bytes(SECRET)?;
+    let wrong = Secret::from_bytes(b"another volume's secret, 32 bytes")?;
+    let addrs: Vec<SocketAddr> = (0..3).map(|i| c.replica(i).addr).collect();
+    let mut before = Vec::new();
+    for (i, a) in addrs.iter().enumerate() {
+        let info = client(*a, Some(secret.clone()))
+            .await?
+            .info(rpb::InfoRequest {})
+            .await?
+            .into_inner();
+        before.push((info, tree_digest(&c.dirs[i])?));
+    }
+
+    for (a, (info, _)) in addrs.iter().zip(&before) {
+        for s in [None, Some(wrong.clone())] {
+            let mut h = client(*a, s).await?;
+            for epoch in [u64::MAX, info.epoch + 1] {
+                let e = h
+                    .set_epoch(rpb::SetEpochRequest {
+                        epoch,
+                        members: vec!["intruder".into()],
+                    })
+                    .await;
+                assert!(e.is_err(), "SetEpoch({epoch}) accepted");
+            }
+            let w = vec![rpb::WriteLayerRequest {
+                layer: "intruder".into(),
+                size: 64 * MIB,
+                ..Default::default()
+            }];
+            assert!(h.write_layer(tokio_stream::iter(w)).await.is_err());
+            let r = h
+                .read_layer(rpb::ReadLayerRequest {
+                    layer: String::new(),
+                    extents: vec![rpb::Extent {
+                        offset: 0,
+                        length: u64::MAX - 4095,
+                    }],
+                })
+                .await;
+            assert!(r.is_err(), "ReadLayer without the secret answered");
+            let sums = h
+                .checksums(rpb::ChecksumsRequest {
+                    offset: u64::MAX - 4095,
+                    length: 4096,
+                    block_size: 4096,
+                })
+                .await;
+            assert!(sums.is_err());
+        }
+        for g in [info.generation + 1, u64::MAX] {
+            for s in [None, Some(&wrong)] {
+                let got = frames_try(*a, g, &info.volume_uuid, s).await?;
+                assert!(got.iter().all(|r| r.id == 0), "answered: {got:?}");
+            }
+        }
+        // Garbage, a header that claims 4 GiB, half a header.
+        let mut junk = vec![0u8; 64 << 10];
+        rand::Rng::fill(&mut rand::rng(), &mut junk[..]);
+        for bytes in [junk.clone(), vec![0xff; 16], vec![0x5a; 5]] {
+            if let Ok(mut s) = tokio::net::TcpStream::connect(*a).await {
+                let _ = s.write_all(&bytes).await;
+                let _ = tokio::time::timeout(Duration::from_secs(2), s.read(&mut [0u8; 512])).await;
+            }
+        }
+    }
+    // Garbage at the engine's NBD port while it is down changes nothing either (nothing
+    // listens); and after its restart, below, a garbage handshake leaves it serving.
+    let nbd_addr = nbd
+        .trim_start_matches("nbd://")
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+
+    for (i, a) in addrs.iter().enumerate() {
+        let (info, files) = &before[i];
+        let mut h = client(*a, Some(secret.clone())).await?;
+        let now = h.info(rpb::InfoRequest {}).await?.into_inner();
+        assert_eq!(
+            (
+                now.generation,
+                now.epoch,
+                &now.epoch_members,
+                now.flush_number
+            ),
+            (
+                info.generation,
+                info.epoch,
+                &info.epoch_members,
+                info.flush_number
+            ),
+            "replica {i} changed"
+        );
+        assert_eq!(
+            &tree_digest(&c.dirs[i])?,
+            files,
+            "replica {i}'s files changed"
+        );
+        let ok = frames_try(*a, info.generation, &info.volume_uuid, Some(&secret)).await?;
+        assert!(
+            ok.last()
+                .is_some_and(|r| r.id == 1 && r.status == rpb::Status::Ok),
+            "replica {i} does not serve an authenticated client: {ok:?}"
+        );
+    }
+
+    c.start_engine()?;
+    if let Ok(mut s) = tokio::net::TcpStream::connect(nbd_addr.as_str()).await {
+        let _ = s.write_all(&[0xa5; 4096]).await;
+    }
+    let i = c.engine().info().await?;
+    assert_eq!(i.state, "healthy", "{i:?}\n{}", c.logs());
+    let dev = c.engine().nbd_client().await?;
+    assert!(dev.read(0, 2 * MIB).await?.iter().all(|&b| b == 0x5e));
+    dev.write(2 * MIB, Bytes::from(vec![0x5fu8; 4096])).await?;
+    dev.flush().await?;
+    assert!(dev.read(2 * MIB, 4096).await?.iter().all(|&b| b == 0x5f));
+    dev.disconnect().await;
     Ok(())
 }

@@ -50,7 +50,10 @@ use zebu_controllers::engine_status;
 use zebu_ops::engine_rpc;
 use zebu_types::Store;
 use zebu_types::names::{ENGINE_FINALIZER, REPLICA_FINALIZER, REPLICAS_DIR};
-use zebu_types::resources::{Engine, EngineState, Frontend, Node, Replica, ReplicaState, Resource};
+use zebu_types::resources::{
+    Engine, EngineState, Frontend, Node, Replica, ReplicaState, Resource, Volume,
+};
+use zebu_types::secrets::VolumeIdentity;
 use zebu_types::store::{StoreError, TypedStore};
 
 use crate::process::{self, Identity, Launch};
@@ -364,24 +367,32 @@ impl Instances {
             .address
             .clone()
             .unwrap_or_else(|| format!("{}:0", self.address));
+        let identity = match self.volume_identity(&r.spec.volume).await {
+            Ok(i) => i,
+            Err(msg) => return self.replica_failed(name, &msg, false).await,
+        };
         self.write_status::<Replica>(name, |o| {
             o.status.state = ReplicaState::Starting;
             o.status.pid = None;
         })
         .await?;
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--dir".into(),
+            r.spec.data_path.clone(),
+            "--listen".into(),
+            listen.clone(),
+            "--size".into(),
+            r.spec.size.bytes().to_string(),
+        ];
+        if let Some((_, secret)) = &identity {
+            args.extend(["--secret-file".into(), secret.display().to_string()]);
+        }
         let launch = match process::binary("zebu-replica") {
             Ok(binary) => Launch {
                 what: format!("replica {name}"),
                 binary,
-                args: vec![
-                    "serve".into(),
-                    "--dir".into(),
-                    r.spec.data_path.clone(),
-                    "--listen".into(),
-                    listen.clone(),
-                    "--size".into(),
-                    r.spec.size.bytes().to_string(),
-                ],
+                args,
                 stdout,
                 log: self.log_dir.join(format!("replica-{name}.log")),
                 ready_prefix: "listening on ".into(),
@@ -478,10 +489,14 @@ impl Instances {
             Ok(b) => b,
             Err(err) => return self.engine_failed(name, &err.to_string()).await,
         };
+        let identity = match self.volume_identity(&e.spec.volume).await {
+            Ok(i) => i,
+            Err(msg) => return self.engine_failed(name, &msg).await,
+        };
         let launch = Launch {
             what: format!("engine {name}"),
             binary,
-            args: self.engine_args(e),
+            args: engine_args(e, &self.address, identity.as_ref()),
             stdout: stdout.clone(),
             log: self.log_dir.join(format!("engine-{name}.log")),
             ready_prefix: "ready".into(),
@@ -505,53 +520,86 @@ impl Instances {
         Ok(())
     }
 
-    fn engine_args(&self, e: &Engine) -> Vec<String> {
-        let addr = &self.address;
-        // Reuse the previous ports after a restart so clients reconnect to
-        // the same endpoint.
-        let control = e
-            .status
-            .control_address
-            .clone()
-            .unwrap_or_else(|| format!("{addr}:0"));
-        let frontend_listen = e
-            .status
-            .endpoint
-            .as_deref()
-            .and_then(endpoint_hostport)
-            .map_or_else(|| format!("{addr}:0"), str::to_string);
-        let mut args = vec![
-            "serve".to_string(),
-            "--volume".into(),
-            e.spec.volume.clone(),
-            "--size".into(),
-            e.spec.size.bytes().to_string(),
-            "--control".into(),
-            control,
-            "--local-host".into(),
-            addr.clone(),
-        ];
-        for a in e.spec.replica_addresses.values() {
-            args.extend(["--replica".into(), a.clone()]);
+    /// The uuid and a local secret file of `volume` (issue 18; `zebu_types::secrets`), `None`
+    /// for a volume made before identities (or gone), `Err` while its secret cannot be had.
+    async fn volume_identity(&self, volume: &str) -> Result<Option<(String, PathBuf)>, String> {
+        let v = match self.store.get_as::<Volume>(volume).await {
+            Ok(v) => v,
+            Err(e) => return Err(format!("cannot read volume {volume:?}: {e}")),
+        };
+        let Some(id) = v.as_ref().and_then(|v| VolumeIdentity::of(&v.metadata)) else {
+            return Ok(None);
+        };
+        let Some(keeper) = self.store.secrets() else {
+            return Err(format!(
+                "volume {volume:?} has a secret ({}) but this store keeps none",
+                id.secret_name
+            ));
+        };
+        match keeper.local_file(&id.secret_name).await {
+            Ok(path) => Ok(Some((id.uuid, path))),
+            Err(e) => Err(format!("waiting for the secret of volume {volume:?}: {e}")),
         }
-        // Without a frontend the engine serves only its control API (maintenance).
-        if !e.spec.disable_frontend {
-            match e.spec.frontend {
-                Frontend::Nbd => {
-                    args.extend(["--frontend".into(), "nbd".into(), "--nbd-listen".into()])
-                }
-                Frontend::Iscsi => {
-                    args.extend(["--frontend".into(), "iscsi".into(), "--iscsi-listen".into()]);
-                }
-            }
-            args.push(frontend_listen);
-        }
-        if e.spec.salvage {
-            args.push("--salvage".into());
-        }
-        args
     }
+}
 
+/// The command line of `e`'s engine on the node at `addr`: the volume's uuid and secret file
+/// when it has them (`identity`), never the secret itself.
+fn engine_args(e: &Engine, addr: &str, identity: Option<&(String, PathBuf)>) -> Vec<String> {
+    // Reuse the previous ports after a restart so clients reconnect to
+    // the same endpoint.
+    let control = e
+        .status
+        .control_address
+        .clone()
+        .unwrap_or_else(|| format!("{addr}:0"));
+    let frontend_listen = e
+        .status
+        .endpoint
+        .as_deref()
+        .and_then(endpoint_hostport)
+        .map_or_else(|| format!("{addr}:0"), str::to_string);
+    let mut args = vec![
+        "serve".to_string(),
+        "--volume".into(),
+        e.spec.volume.clone(),
+        "--size".into(),
+        e.spec.size.bytes().to_string(),
+        "--control".into(),
+        control,
+        "--local-host".into(),
+        addr.to_string(),
+    ];
+    for a in e.spec.replica_addresses.values() {
+        args.extend(["--replica".into(), a.clone()]);
+    }
+    // Without a frontend the engine serves only its control API (maintenance).
+    if !e.spec.disable_frontend {
+        match e.spec.frontend {
+            Frontend::Nbd => {
+                args.extend(["--frontend".into(), "nbd".into(), "--nbd-listen".into()])
+            }
+            Frontend::Iscsi => {
+                args.extend(["--frontend".into(), "iscsi".into(), "--iscsi-listen".into()]);
+            }
+        }
+        args.push(frontend_listen);
+    }
+    if e.spec.salvage {
+        args.push("--salvage".into());
+    }
+    if let Some((uuid, secret)) = identity {
+        args.extend([
+            "--volume-uuid".into(),
+            uuid.clone(),
+            "--secret-file".into(),
+            secret.display().to_string(),
+        ]);
+    }
+    args
+}
+
+impl Instances {
     async fn engine_failed(&self, name: &str, msg: &str) -> Result<(), InstanceError> {
         tracing::warn!(engine = %name, "cannot start: {msg}");
         self.failed(name).await;
@@ -750,5 +798,50 @@ impl Instances {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zebu_types::resources::EngineSpec;
+
+    fn engine() -> Engine {
+        Engine::new(
+            "db-e",
+            EngineSpec {
+                volume: "db".into(),
+                node: "node-1".into(),
+                size: "64M".parse().expect("size"),
+                replica_addresses: [("db-r-1".to_string(), "127.0.0.12:4000".to_string())].into(),
+                frontend: Frontend::Nbd,
+                disable_frontend: false,
+                salvage: false,
+            },
+        )
+    }
+
+    #[test]
+    fn an_engine_gets_its_volumes_uuid_and_secret_file_and_an_old_volume_neither() {
+        let id = (
+            "3f2a".to_string(),
+            PathBuf::from("/d/secrets/zebu-volume-db"),
+        );
+        let args = engine_args(&engine(), "127.0.0.11", Some(&id));
+        let at = |f: &str| {
+            args.iter()
+                .position(|a| a == f)
+                .map(|i| args[i + 1].as_str())
+        };
+        assert_eq!(at("--volume-uuid"), Some("3f2a"));
+        assert_eq!(at("--secret-file"), Some("/d/secrets/zebu-volume-db"));
+        // A volume made before identities (upgrade): started as it was, no uuid, no secret.
+        let old = engine_args(&engine(), "127.0.0.11", None);
+        assert!(
+            !old.iter()
+                .any(|a| a == "--volume-uuid" || a == "--secret-file"),
+            "{old:?}"
+        );
+        assert_eq!(args[..old.len()], old[..]);
     }
 }

@@ -20,6 +20,7 @@
 //! | GET    | `/v1/snapshots[?volume=V]`               | the Snapshot records (detached volumes' too) |
 //! | GET    | `/v1/capacity[?node=N][&zone=Z]`         | what new replicas can take (a [`Capacity`]) |
 //! | GET    | `/v1/nodes`                              | list nodes                        |
+//! | GET    | `/v1/openapi.json`                       | this API's OpenAPI 3.0 document ([`openapi`]) |
 //!
 //! The backup routes are in the `backup` module, the standby volume routes in `standby`.
 //!
@@ -30,6 +31,7 @@
 //! `{"items": [...]}` as in Kubernetes; snapshot calls answer with the volume's snapshots.
 
 mod backup;
+pub mod openapi;
 mod standby;
 
 use axum::body::Body;
@@ -131,10 +133,53 @@ pub fn router(ops: Ops) -> Router {
         .route("/v1/snapshots", get(list_snapshot_records))
         .route("/v1/capacity", get(capacity))
         .route("/v1/nodes", get(list_nodes))
+        .route("/v1/openapi.json", get(openapi_document))
         .merge(backup::routes())
         .merge(standby::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such API path") })
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(ops)
+}
+
+async fn openapi_document() -> Response {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let text = TEXT.get_or_init(openapi::document_text).clone();
+    ([("content-type", "application/json")], text).into_response()
+}
+
+/// Every error is `{"error": ...}` JSON, also the ones axum answers by itself before a
+/// handler runs (a query string or path that does not decode, a method the path does not
+/// have, a body of the wrong type): its plain-text reason becomes the message.
+async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = match axum::body::to_bytes(body, 64 << 10).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("request refused")
+            .to_string()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(status, message).into_response();
+    for (k, v) in parts.headers.iter() {
+        if k != "content-type" && k != "content-length" {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out
 }
 
 /// A body that may be left out (no content type: the defaults), but must be valid when

@@ -100,6 +100,10 @@ pub struct JobSpec {
     /// default); a killed run's packs are protected from GC this long.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_ttl_secs: Option<u64>,
+    /// The volume's secret file (mode 0600; issue 18): the replicas of the job's volume serve
+    /// only clients that prove it. `None` for a volume made before volume secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<PathBuf>,
     pub job: JobKind,
 }
 
@@ -224,6 +228,7 @@ mod tests {
                 credentials: None,
             },
             cache_dir: None,
+            secret_file: None,
             run_id: "v-1-0001".into(),
             session_ttl_secs: Some(30),
             job: JobKind::Backup(BackupJob {

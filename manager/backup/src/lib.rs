@@ -46,9 +46,12 @@ pub use replica::ReplicaLink;
 pub async fn run_job(spec: &JobSpec, job_file: &std::path::Path) -> Result<JobReport, String> {
     let rep = report::Reporter::new(job::report_path(job_file));
     rep.update(|r| r.run_id = spec.run_id.clone());
-    let outcome = match &spec.job {
-        JobKind::Backup(b) => backup_job::run(spec, b, &rep).await,
-        JobKind::Restore(r) => restore_job::run(spec, r, &rep).await,
+    let outcome = match use_secret(spec) {
+        Err(f) => Err(f),
+        Ok(()) => match &spec.job {
+            JobKind::Backup(b) => backup_job::run(spec, b, &rep).await,
+            JobKind::Restore(r) => restore_job::run(spec, r, &rep).await,
+        },
     };
     if let Err(e) = rep.finish(outcome.as_ref().map(|_| ())) {
         return Err(format!("cannot write the job report: {e}"));
@@ -57,6 +60,16 @@ pub async fn run_job(spec: &JobSpec, job_file: &std::path::Path) -> Result<JobRe
         Ok(()) => Ok(rep.snapshot()),
         Err(f) => Err(f.message),
     }
+}
+
+/// Loads the job's volume secret, if it names one, for every replica call of this process.
+fn use_secret(spec: &JobSpec) -> Result<(), report::JobFailure> {
+    let Some(path) = &spec.secret_file else {
+        return Ok(());
+    };
+    let secret = zebu_proto::auth::Secret::load(path)
+        .map_err(|e| report::JobFailure::permanent(format!("the volume's secret: {e}")))?;
+    replica::set_volume_secret(secret).map_err(report::JobFailure::permanent)
 }
 
 // Offsets are u64 and buffers usize; they convert losslessly only on 64-bit.

@@ -1,14 +1,17 @@
 //! The one place the backup data path talks to a replica process: its sync RPCs
 //! (`Info`, `ListExtents`, `ReadLayer`, `WriteLayer`, `SetEpoch` in `replica.proto`).
 //!
-//! Every connection is made by [`ReplicaLink::connect`]. When replica ports become
-//! authenticated (the volume's secret, issue 18), that function is what proves it, and
-//! nothing else in this crate changes: callers hold a `ReplicaLink`, never a raw channel.
+//! Every connection is made by [`ReplicaLink::connect`]; callers hold a `ReplicaLink`, never
+//! a raw channel. Replica ports are authenticated (the volume's secret, issue 18): once
+//! [`set_volume_secret`] gave this process the secret of the volume its job is about (one
+//! `zebu-backup-run` runs one job of one volume), every call carries a fresh token of it.
 
 use std::ops::Range;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use zebu_proto::replica as pb;
 use zebu_proto::replica::replica_client::ReplicaClient;
@@ -38,11 +41,40 @@ pub enum ReplicaError {
     Protocol { addr: String, what: String },
 }
 
+/// The secret of the volume this process's job is about; see the module docs.
+static VOLUME_SECRET: std::sync::OnceLock<zebu_proto::auth::Secret> = std::sync::OnceLock::new();
+
+/// Sets the secret every later replica call proves; once per process (a second call, for
+/// another secret, is refused: one job is one volume).
+pub fn set_volume_secret(secret: zebu_proto::auth::Secret) -> Result<(), &'static str> {
+    VOLUME_SECRET
+        .set(secret)
+        .map_err(|_| "the volume secret of this process is set already")
+}
+
+/// Adds a fresh token to every call once the process has a secret.
+#[derive(Clone, Copy, Default)]
+pub struct AddToken;
+
+impl Interceptor for AddToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(secret) = VOLUME_SECRET.get() {
+            let token = secret.grpc_token(zebu_proto::auth::now_secs());
+            let value = token
+                .parse()
+                .map_err(|_| tonic::Status::internal("invariant: a hex token is ASCII"))?;
+            req.metadata_mut()
+                .insert(zebu_proto::auth::GRPC_AUTH_HEADER, value);
+        }
+        Ok(req)
+    }
+}
+
 /// A connection to one replica's sync RPCs.
 #[derive(Clone)]
 pub struct ReplicaLink {
     addr: String,
-    client: ReplicaClient<Channel>,
+    client: ReplicaClient<InterceptedService<Channel, AddToken>>,
 }
 
 impl std::fmt::Debug for ReplicaLink {
@@ -73,7 +105,7 @@ impl ReplicaLink {
             Ok(Err(e)) => return Err(connect_err(e.to_string())),
             Err(_) => return Err(connect_err(format!("no answer within {CALL_TIMEOUT:?}"))),
         };
-        let client = ReplicaClient::new(channel)
+        let client = ReplicaClient::with_interceptor(channel, AddToken)
             .max_decoding_message_size(pb::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(pb::MAX_MESSAGE_BYTES);
         Ok(ReplicaLink {

@@ -193,6 +193,7 @@ impl BackupController {
             cache_dir: Some(self.cfg.work_dir.join("cache")),
             run_id: String::new(),
             session_ttl_secs: Some(t.spec.session_ttl),
+            secret_file: None,
             job,
         }
     }
@@ -368,6 +369,14 @@ impl BackupController {
                 backup: p.metadata.name.clone(),
                 snapshot: p.spec.snapshot.clone(),
             });
+        // Before the attempt is recorded: a volume whose secret cannot be had starts nothing.
+        let secret_file = match job_secret_file(self.store.as_ref(), &b.spec.volume).await {
+            Ok(f) => f,
+            Err(e) => {
+                status.error = e.to_string();
+                return self.write_status(b, status).await;
+            }
+        };
         // The write-ahead record: the attempt and its run id are in the Backup's status
         // before its process exists, so a manager killed at any point after this leaves a
         // record that `backup rm` acts on (it deletes from the target) and the next pass
@@ -398,6 +407,7 @@ impl BackupController {
             }),
         );
         spec.run_id = run_id.clone();
+        spec.secret_file = secret_file;
         if let Err(e) = self.jobs.start(&job, &spec) {
             let mut status = recorded.status.clone();
             status.error = format!("cannot start run {run_id}: {e}");
@@ -589,7 +599,14 @@ impl BackupController {
             );
             return self.write_restore(v, r).await;
         }
-        let spec = self.spec(
+        let secret_file = match job_secret_file(self.store.as_ref(), &name).await {
+            Ok(f) => f,
+            Err(e) => {
+                r.error = e.to_string();
+                return self.write_restore(v, r).await;
+            }
+        };
+        let mut spec = self.spec(
             t,
             JobKind::Restore(RestoreJob {
                 family: family_of_backup(b),
@@ -602,6 +619,7 @@ impl BackupController {
                 volume_size: v.spec.size.bytes(),
             }),
         );
+        spec.secret_file = secret_file;
         match self.jobs.start(&job, &spec) {
             Ok(_) => {
                 r.attempts += 1;
@@ -800,4 +818,29 @@ pub(crate) async fn write_restore_status(
         Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// The secret file a job on `volume`'s replicas proves (issue 18), on this node; `None` for
+/// a volume made before volume secrets. A volume that is gone has none either (its job fails
+/// on its own terms).
+pub(crate) async fn job_secret_file(
+    store: &dyn Store,
+    volume: &str,
+) -> Result<Option<std::path::PathBuf>, StoreError> {
+    let Some(v) = store.get_as::<Volume>(volume).await? else {
+        return Ok(None);
+    };
+    let Some(id) = zebu_types::secrets::VolumeIdentity::of(&v.metadata) else {
+        return Ok(None);
+    };
+    let keeper = store.secrets().ok_or_else(|| {
+        StoreError::invalid(
+            Some(zebu_types::Kind::Volume),
+            format!(
+                "volume {volume:?} names secret {} but this store keeps no secrets",
+                id.secret_name
+            ),
+        )
+    })?;
+    keeper.local_file(&id.secret_name).await.map(Some)
 }

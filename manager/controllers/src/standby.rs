@@ -248,9 +248,17 @@ impl StandbyController {
             );
             return self.write_restore(v, r).await;
         }
+        let secret_file = match crate::backup::job_secret_file(self.store.as_ref(), &name).await {
+            Ok(f) => f,
+            Err(e) => {
+                r.error = e.to_string();
+                return self.write_restore(v, r).await;
+            }
+        };
         let spec = JobSpec {
             target: target_ref(&t.spec),
             cache_dir: Some(self.cfg.work_dir.join("cache")),
+            secret_file,
             job: JobKind::Restore(RestoreJob {
                 family: family_of_backup(newest),
                 backup: newest.metadata.name.clone(),

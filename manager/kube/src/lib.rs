@@ -32,6 +32,7 @@ pub mod crd;
 mod errors;
 pub mod present;
 pub mod schema;
+pub mod secrets;
 mod store;
 
 pub use store::{KubeStore, KubeStoreOptions, api_resource};

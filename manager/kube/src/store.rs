@@ -69,6 +69,8 @@ impl Default for KubeStoreOptions {
 #[derive(Clone)]
 pub struct KubeStore {
     inner: Arc<Inner>,
+    /// Volume secrets (issue 18), as Secrets of the store's namespace.
+    secrets: Arc<crate::secrets::KubeSecrets>,
 }
 
 /// A kind's cache and the task that fills it.
@@ -153,6 +155,11 @@ impl KubeStore {
 
     pub fn new(client: kube::Client, namespace: &str, options: KubeStoreOptions) -> Self {
         KubeStore {
+            secrets: Arc::new(crate::secrets::KubeSecrets::new(
+                client.clone(),
+                namespace,
+                None,
+            )),
             inner: Arc::new(Inner {
                 client,
                 namespace: namespace.to_string(),
@@ -160,6 +167,17 @@ impl KubeStore {
                 caches: Mutex::new(HashMap::new()),
             }),
         }
+    }
+
+    /// Where this node copies the volume secrets its processes are started with
+    /// (`<data-dir>/secrets`); without one, secrets can be made and deleted but not used.
+    pub fn with_secret_dir(mut self, dir: std::path::PathBuf) -> Self {
+        self.secrets = Arc::new(crate::secrets::KubeSecrets::new(
+            self.inner.client.clone(),
+            &self.inner.namespace,
+            Some(dir),
+        ));
+        self
     }
 
     fn api(&self, kind: Kind) -> Api<DynamicObject> {
@@ -475,5 +493,8 @@ impl Store for KubeStore {
     }
     fn delete<'a>(&'a self, kind: Kind, name: &'a str) -> BoxFuture<'a, Result<Option<Value>>> {
         Box::pin(self.delete_impl(kind, name))
+    }
+    fn secrets(&self) -> Option<Arc<dyn zebu_types::secrets::SecretKeeper>> {
+        Some(self.secrets.clone())
     }
 }

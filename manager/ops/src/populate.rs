@@ -243,11 +243,14 @@ impl Ops {
             .running_replicas(target, v.spec.number_of_replicas as usize)
             .await?;
         let sources = self.running_replicas(source, 1).await?;
+        // Each volume's replicas serve only clients holding that volume's secret (issue 18).
+        let source_secret = self.volume_secret(source).await?;
+        let target_secret = self.volume_secret(target).await?;
         let fail = |m: String| OpsError::precondition(target, m);
         let mut chosen = None;
         let mut why = Vec::new();
         for addr in &sources {
-            match replica_client(addr).await {
+            match replica_client(addr, source_secret.clone()).await {
                 Ok(mut c) => match c.info(pb::InfoRequest {}).await {
                     Ok(info) => match snapshot_chain(&info.into_inner(), snapshot) {
                         Ok(chain) => {
@@ -269,7 +272,9 @@ impl Ops {
         };
         let mut dsts = Vec::new();
         for addr in &targets {
-            let mut c = replica_client(addr).await.map_err(&fail)?;
+            let mut c = replica_client(addr, target_secret.clone())
+                .await
+                .map_err(&fail)?;
             let info = c
                 .info(pb::InfoRequest {})
                 .await
@@ -306,7 +311,32 @@ impl Ops {
     }
 }
 
-async fn replica_client(addr: &str) -> Result<ReplicaClient<tonic::transport::Channel>, String> {
+/// Adds a fresh token of the volume's secret to every call, when it has one.
+#[derive(Clone)]
+struct AddToken(Option<zebu_proto::auth::Secret>);
+
+impl tonic::service::Interceptor for AddToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(secret) = &self.0 {
+            let token = secret.grpc_token(zebu_proto::auth::now_secs());
+            let value = token
+                .parse()
+                .map_err(|_| tonic::Status::internal("invariant: a hex token is ASCII"))?;
+            req.metadata_mut()
+                .insert(zebu_proto::auth::GRPC_AUTH_HEADER, value);
+        }
+        Ok(req)
+    }
+}
+
+type AuthClient = ReplicaClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, AddToken>,
+>;
+
+async fn replica_client(
+    addr: &str,
+    secret: Option<zebu_proto::auth::Secret>,
+) -> Result<AuthClient, String> {
     let channel = tokio::time::timeout(
         Duration::from_secs(5),
         tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
@@ -316,7 +346,7 @@ async fn replica_client(addr: &str) -> Result<ReplicaClient<tonic::transport::Ch
     .await
     .map_err(|_| format!("replica {addr}: connect timed out"))?
     .map_err(|e| format!("replica {addr}: cannot connect: {e}"))?;
-    Ok(ReplicaClient::new(channel)
+    Ok(ReplicaClient::with_interceptor(channel, AddToken(secret))
         .max_decoding_message_size(pb::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(pb::MAX_MESSAGE_BYTES))
 }
@@ -357,9 +387,9 @@ fn snapshot_chain(info: &pb::InfoResponse, snapshot: &str) -> Result<Vec<pb::Lay
 
 /// Stream one layer from the source into every target at once; the bytes copied.
 async fn copy_layer(
-    mut src: ReplicaClient<tonic::transport::Channel>,
+    mut src: AuthClient,
     src_addr: &str,
-    targets: Vec<(ReplicaClient<tonic::transport::Channel>, String)>,
+    targets: Vec<(AuthClient, String)>,
     layer: &pb::LayerInfo,
     parent: &str,
 ) -> Result<u64, String> {

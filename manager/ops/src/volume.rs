@@ -27,6 +27,7 @@ use zebu_types::requests::{AttachVolume, CreateSnapshot, CreateVolume, DataSourc
 use zebu_types::resources::{
     Engine, EngineState, Node, RebuildState, Replica, Setting, Volume, VolumeSpec,
 };
+use zebu_types::secrets::{SECRET_NAME_ANNOTATION, VOLUME_UUID_ANNOTATION, VolumeIdentity};
 use zebu_types::settings::Settings;
 use zebu_types::size::ByteSize;
 use zebu_types::store::{ListParams, StoreError, TypedStore, WatchEvent, WatchStream, from_value};
@@ -92,6 +93,28 @@ impl Ops {
             .get_as::<Volume>(name)
             .await?
             .ok_or_else(|| OpsError::not_found(Kind::Volume, name))
+    }
+
+    /// The secret of `volume`'s replicas, from this node's file of it (issue 18); `None` for a
+    /// volume made before volume secrets.
+    pub async fn volume_secret(&self, volume: &str) -> OpsResult<Option<zebu_proto::auth::Secret>> {
+        let v = self.get_volume(volume).await?;
+        let Some(id) = VolumeIdentity::of(&v.metadata) else {
+            return Ok(None);
+        };
+        let keeper = self.store.secrets().ok_or_else(|| {
+            OpsError::precondition(
+                volume,
+                format!(
+                    "its secret {} is kept nowhere this store knows",
+                    id.secret_name
+                ),
+            )
+        })?;
+        let path = keeper.local_file(&id.secret_name).await?;
+        zebu_proto::auth::Secret::load(&path)
+            .map(Some)
+            .map_err(|e| OpsError::precondition(volume, format!("its secret: {e}")))
     }
 
     pub async fn create_volume(&self, req: CreateVolume) -> OpsResult<Volume> {
@@ -190,7 +213,35 @@ impl Ops {
         volume.metadata.finalizers.push(VOLUME_FINALIZER.into());
         // Added to, not replaced: the data-source and user annotations above stay.
         volume.metadata.annotations.extend(annotations);
+        let keeper = self.store.secrets();
+        if let Some(k) = &keeper {
+            // A leftover of a former volume of this name (none of whose processes run: the
+            // volume is gone) must not be what this one's processes read.
+            k.delete(&zebu_types::secrets::secret_name(&name)).await?;
+            let uuid = new_volume_uuid();
+            volume
+                .metadata
+                .annotations
+                .insert(VOLUME_UUID_ANNOTATION.into(), uuid);
+            volume.metadata.annotations.insert(
+                SECRET_NAME_ANNOTATION.into(),
+                zebu_types::secrets::secret_name(&name),
+            );
+        }
         let created = self.store.create_as(&volume).await?;
+        if let (Some(k), Some(id)) = (&keeper, VolumeIdentity::of(&created.metadata)) {
+            // After the Volume, so that in Kubernetes the Secret can be owned by it (and go
+            // with it). Agents wait for it before they start the volume's processes.
+            let secret = hex(&zebu_proto::auth::nonce());
+            if let Err(e) = k
+                .create(&id.secret_name, &created.metadata, secret.as_bytes())
+                .await
+            {
+                tracing::warn!(volume = %name, "cannot keep the volume's secret, so the volume is not made: {e}");
+                let _ = self.store.delete(Kind::Volume, &name).await;
+                return Err(e.into());
+            }
+        }
         tracing::info!(volume = %created.metadata.name, size = %size, replicas, "volume created");
         if req.data_source.is_some() {
             self.ensure_populated(&name).await?;
@@ -629,4 +680,30 @@ fn with_frontend(disabled: bool) -> &'static str {
     } else {
         "with its frontend"
     }
+}
+
+/// A new volume uuid: 16 random bytes in the 8-4-4-4-12 form of a version-4 uuid.
+pub(crate) fn new_volume_uuid() -> String {
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&zebu_proto::auth::nonce()[..16]);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex(&b);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    b.iter()
+        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
+            let _ = write!(s, "{x:02x}");
+            s
+        })
 }

@@ -72,11 +72,10 @@ pub async fn manager(
         .with_context(|| format!("binding the API to {listen}"))?;
     let addr = listener.local_addr()?;
 
-    let store: Arc<dyn Store> = Arc::new(KubeStore::new(
-        client.clone(),
-        namespace,
-        KubeStoreOptions::default(),
-    ));
+    let store: Arc<dyn Store> = Arc::new(
+        KubeStore::new(client.clone(), namespace, KubeStoreOptions::default())
+            .with_secret_dir(data_dir.join("secrets")),
+    );
     let agent = NodeAgent::new(
         store.clone(),
         AgentConfig {

@@ -78,6 +78,8 @@ struct Inner {
     writer: Mutex<()>,
     events: broadcast::Sender<StoredEvent>,
     log_limit: u64,
+    /// Volume secrets: files in `secrets/` next to the database file (issue 18).
+    secrets: Arc<zebu_types::secrets::FileSecrets>,
 }
 
 /// What a change did; the event log's `type` (the words the first format used).
@@ -207,6 +209,11 @@ impl EmbeddedStore {
         }
         txn.commit().map_err(|e| init(e.into()))?;
         let (events, _) = broadcast::channel(BROADCAST_CAPACITY);
+        let secrets_dir = path
+            .as_ref()
+            .parent()
+            .unwrap_or_else(|| Path::new("."))
+            .join("secrets");
         Ok(EmbeddedStore {
             inner: Arc::new(Inner {
                 db,
@@ -214,6 +221,7 @@ impl EmbeddedStore {
                 writer: Mutex::new(()),
                 events,
                 log_limit,
+                secrets: Arc::new(zebu_types::secrets::FileSecrets::new(secrets_dir)),
             }),
         })
     }
@@ -704,6 +712,9 @@ impl Store for EmbeddedStore {
     fn delete<'a>(&'a self, kind: Kind, name: &'a str) -> BoxFuture<'a, Result<Option<Value>>> {
         let name = name.to_string();
         Box::pin(self.blocking(move |s| s.delete_sync(kind, &name)))
+    }
+    fn secrets(&self) -> Option<Arc<dyn zebu_types::secrets::SecretKeeper>> {
+        Some(self.inner.secrets.clone())
     }
 }
 

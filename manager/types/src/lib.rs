@@ -7,6 +7,7 @@
 //!   and the name rules (DNS-1123 labels for what people name, subdomains for any object).
 //! - [`store`]: the [`Store`] contract every backend implements (embedded redb, Kubernetes),
 //!   its errors, label selectors and a resumable per-kind watcher.
+//! - [`secrets`]: each volume's uuid and secret, and where secrets are kept.
 //! - [`names`]: finalizer, label and annotation names.
 //! - [`requests`]: the bodies of user operations (create, attach, expand, snapshot, ...).
 //! - [`settings`], [`size`], [`time`]: typed settings, `10G` sizes, RFC 3339 times.
@@ -42,6 +43,7 @@ pub mod meta;
 pub mod names;
 pub mod requests;
 pub mod resources;
+pub mod secrets;
 pub mod settings;
 pub mod size;
 pub mod store;

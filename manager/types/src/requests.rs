@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use schemars::JsonSchema;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -18,7 +19,7 @@ use crate::resources::{DataLocality, Frontend};
 use crate::size::{ByteSize, SizeError};
 
 /// A size given as bytes (`10737418240`) or as text (`"10G"`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum SizeInput {
     Bytes(u64),
@@ -80,7 +81,7 @@ impl<'de> Deserialize<'de> for SizeInput {
 }
 
 /// `POST /v1/volumes`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateVolume {
     pub name: String,
@@ -108,7 +109,7 @@ pub struct CreateVolume {
 }
 
 /// Where a new volume's data comes from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DataSource {
     pub volume: String,
@@ -137,7 +138,7 @@ impl CreateVolume {
 }
 
 /// `POST /v1/volumes/{name}/attach`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AttachVolume {
     /// The node to attach to; `None` picks a ready node.
@@ -152,14 +153,14 @@ pub struct AttachVolume {
 }
 
 /// `POST /v1/volumes/{name}/expand`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ExpandVolume {
     pub size: SizeInput,
 }
 
 /// `POST /v1/volumes/{name}/scrub`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StartScrub {
     /// Data bytes read per second, over every replica (`"64M"`); the engine's default
@@ -169,7 +170,7 @@ pub struct StartScrub {
 }
 
 /// `POST /v1/volumes/{name}/snapshots`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateSnapshot {
     /// Unnamed snapshots are named after the moment they were asked for.
@@ -178,7 +179,7 @@ pub struct CreateSnapshot {
 }
 
 /// One snapshot of a volume, as its engine lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SnapshotInfo {
     pub name: String,
@@ -193,7 +194,7 @@ pub struct SnapshotInfo {
 }
 
 /// `GET /v1/capacity`: what new replicas can still take.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Capacity {
     /// Bytes free for new replicas on the schedulable disks of the nodes asked about
@@ -204,7 +205,7 @@ pub struct Capacity {
 }
 
 /// `{"items": [...]}`, as Kubernetes lists are.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Items<T> {
     pub items: Vec<T>,
 }

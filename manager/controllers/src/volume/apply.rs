@@ -105,6 +105,16 @@ impl VolumeApplier {
                         next.metadata.finalizers.push(VOLUME_FINALIZER.into());
                     } else {
                         tracing::info!(volume = %name, "engine and replicas gone; removing the volume");
+                        // Its secret goes with it (in Kubernetes the Secret's owner
+                        // reference would take it too; deleting it here does no harm).
+                        if let (Some(k), Some(id)) = (
+                            self.store.secrets(),
+                            zebu_types::secrets::VolumeIdentity::of(&current.metadata),
+                        ) && let Err(e) = k.delete(&id.secret_name).await
+                        {
+                            tracing::warn!(volume = %name, "cannot delete the volume's secret: {e}");
+                            return Err(err(e));
+                        }
                     }
                     match self.store.update_as(&next).await {
                         Ok(v) => {

@@ -3,13 +3,14 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::SizeInput;
 use crate::resources::Frontend;
 
 /// `PUT /v1/backuptarget`: where backups go.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SetBackupTarget {
     /// `s3://BUCKET@REGION/PREFIX` or `file:///PATH`.
@@ -32,7 +33,7 @@ pub struct SetBackupTarget {
 }
 
 /// What `POST /v1/backuptarget/gc` did: one line per family.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GcReportLine {
     /// When the run ended (RFC 3339).
@@ -44,7 +45,7 @@ pub struct GcReportLine {
 }
 
 /// `POST /v1/backups`: back up a volume.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateBackup {
     pub volume: String,
@@ -59,7 +60,7 @@ pub struct CreateBackup {
 }
 
 /// `POST /v1/backups/{name}/restore`: a new volume holding the backup's data.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RestoreBackup {
     /// The new volume's name.
@@ -74,7 +75,7 @@ pub struct RestoreBackup {
 }
 
 /// What `POST /v1/backups/{name}/verify` found.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VerifyReport {
     pub backup: String,

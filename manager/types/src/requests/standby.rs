@@ -1,13 +1,14 @@
 //! The bodies of standby (disaster-recovery) volume operations (`/v1/standby`), checked
 //! by the ops layer. Unknown fields are refused, as for every request.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::SizeInput;
 use crate::resources::Frontend;
 
 /// `POST /v1/standby`: a new volume that follows the backups of `source` until activated.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateStandby {
     /// The new volume's name.

@@ -214,6 +214,11 @@ pub trait Store: Send + Sync {
     /// `Some(object)` when finalizers keep it (now with `deletionTimestamp`), `None` when it
     /// is gone.
     fn delete<'a>(&'a self, kind: Kind, name: &'a str) -> BoxFuture<'a, Result<Option<Value>>>;
+    /// Where this store keeps volume secrets (issue 18; [`crate::secrets`]); `None`: it keeps
+    /// none, and volumes are made without a secret.
+    fn secrets(&self) -> Option<std::sync::Arc<dyn crate::secrets::SecretKeeper>> {
+        None
+    }
 }
 
 /// Encode a resource for the store.
