@@ -21,7 +21,8 @@
 //! | GET    | `/v1/capacity[?node=N][&zone=Z]`         | what new replicas can take (a [`Capacity`]) |
 //! | GET    | `/v1/nodes`                              | list nodes                        |
 //!
-//! The backup routes are in the `backup` module, the standby volume routes in `standby`.
+//! The backup routes are in the `backup` module, the standby volume routes in `standby`,
+//! the recurring job routes in `recurring`.
 //!
 //! Handlers only decode the request and call [`Ops`], where every rule lives; an
 //! [`OpsError`] becomes its HTTP status with `{"error": "...", "code": "..."}` (4xx for the
@@ -30,6 +31,7 @@
 //! `{"items": [...]}` as in Kubernetes; snapshot calls answer with the volume's snapshots.
 
 mod backup;
+mod recurring;
 mod standby;
 
 use axum::body::Body;
@@ -133,6 +135,7 @@ pub fn router(ops: Ops) -> Router {
         .route("/v1/nodes", get(list_nodes))
         .merge(backup::routes())
         .merge(standby::routes())
+        .merge(recurring::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such API path") })
         .with_state(ops)
 }
