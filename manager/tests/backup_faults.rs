@@ -115,6 +115,7 @@ fn assert_restores(api: &str, backup: &str, into: &str, want: &[u8], tmp: &Path)
 }
 
 #[test]
+#[ignore = "written at the deadline of its session and never run: run it with --run-ignored all, then un-ignore"]
 fn backups_survive_races_a_cut_s3_and_a_killed_manager_and_gc_leaves_no_orphan() {
     let moto = Moto::start();
     moto.create_bucket("zebu");
