@@ -114,8 +114,10 @@ wait_restored() {
 
 # --- the source image: random data in the first half, holes in the second.
 img="$WORKDIR/source.img"
-openssl enc -aes-128-ctr -nosalt -pass pass:zebu-backup-bench -in /dev/zero 2>/dev/null \
-  | head -c "$data" >"$img"
+# (openssl dies of SIGPIPE when head has enough: a process substitution keeps that
+# out of pipefail.)
+head -c "$data" < <(openssl enc -aes-128-ctr -nosalt -pass pass:zebu-backup-bench -in /dev/zero 2>/dev/null) >"$img"
+[ "$(stat -c %s "$img")" = "$data" ] || { echo "backup-bench: source image short" >&2; exit 1; }
 truncate -s "$bytes" "$img"
 make_volume src
 ep=$("$zebu" volume attach src)
