@@ -22,7 +22,8 @@
 //! | GET    | `/v1/nodes`                              | list nodes                        |
 //! | GET    | `/v1/openapi.json`                       | this API's OpenAPI 3.0 document ([`openapi`]) |
 //!
-//! The backup routes are in the `backup` module, the standby volume routes in `standby`.
+//! The backup routes are in the `backup` module, the standby volume routes in `standby`,
+//! the recurring job routes in `recurring`.
 //!
 //! Handlers only decode the request and call [`Ops`], where every rule lives; an
 //! [`OpsError`] becomes its HTTP status with `{"error": "...", "code": "..."}` (4xx for the
@@ -32,6 +33,7 @@
 
 mod backup;
 pub mod openapi;
+mod recurring;
 mod standby;
 
 use axum::body::Body;
@@ -136,6 +138,7 @@ pub fn router(ops: Ops) -> Router {
         .route("/v1/openapi.json", get(openapi_document))
         .merge(backup::routes())
         .merge(standby::routes())
+        .merge(recurring::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such API path") })
         .layer(axum::middleware::map_response(json_errors))
         .with_state(ops)

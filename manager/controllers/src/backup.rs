@@ -581,6 +581,26 @@ impl BackupController {
             r.error = format!("gave up after {} attempts: {}", r.attempts, r.error);
             return self.write_restore(v, r).await;
         }
+        // A failed attempt waits out its backoff before the next one, as a backup's does
+        // (a target that is down for a minute must not use up the attempts in seconds).
+        if r.attempts > 0 {
+            let now = std::time::SystemTime::now();
+            let at = r
+                .next_retry_at
+                .as_deref()
+                .and_then(zebu_types::time::parse_rfc3339);
+            match at {
+                None => {
+                    let next = now + retry_backoff(r.attempts);
+                    r.next_retry_at = Some(zebu_types::time::format_rfc3339(next));
+                    tracing::info!(volume = %name, backup = %backup, attempts = r.attempts, next = ?r.next_retry_at,
+                        error = %r.error, "restore attempt failed; retrying after a backoff");
+                    return self.write_restore(v, r).await;
+                }
+                Some(at) if at > now => return self.write_restore(v, r).await,
+                Some(_) => {}
+            }
+        }
         let Some(b) = backups.iter().find(|b| b.metadata.name == backup) else {
             r.state = RestoreState::Error;
             r.error = format!("backup {backup:?} does not exist");
@@ -625,6 +645,7 @@ impl BackupController {
                 r.attempts += 1;
                 r.state = RestoreState::InProgress;
                 r.error.clear();
+                r.next_retry_at = None;
             }
             Err(e) => r.error = e.to_string(),
         }

@@ -26,7 +26,6 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures::StreamExt;
 use tokio::sync::watch;
 use zebu_ops::recurring::{Schedule, labels_for, made_by, new_name, snapshots_made_by, volumes_of};
 use zebu_ops::{Ops, OpsError};
@@ -164,11 +163,15 @@ impl RecurringController {
             "recurring job runs"
         );
         let concurrency = job.spec.concurrency.max(1) as usize;
-        let results: Vec<Result<(), String>> = futures::stream::iter(targets.iter())
-            .map(|v| self.run_one(job, &v.metadata.name))
-            .buffer_unordered(concurrency)
-            .collect()
-            .await;
+        // Volumes in groups of `concurrency`, each group at once. (A stream with a borrowing
+        // closure, `buffer_unordered`, made this future not provably `Send`, so it could
+        // not be spawned.)
+        let names: Vec<String> = targets.iter().map(|v| v.metadata.name.clone()).collect();
+        let mut results: Vec<Result<(), String>> = Vec::with_capacity(names.len());
+        for group in names.chunks(concurrency) {
+            let runs: Vec<_> = group.iter().map(|n| self.run_one(job, n)).collect();
+            results.extend(futures::future::join_all(runs).await);
+        }
         let mut problems: Vec<String> = results.into_iter().filter_map(Result::err).collect();
         problems.extend(errors);
         if targets.is_empty() {

@@ -64,6 +64,9 @@ pub enum Command {
     /// Backups of volumes to the backup target.
     #[command(subcommand)]
     Backup(super::backup::BackupCmd),
+    /// Schedules of snapshots or backups that keep the newest `--retain`.
+    #[command(subcommand, name = "recurring-job")]
+    RecurringJob(super::recurring::RecurringCmd),
 }
 
 #[derive(Debug, Clone, clap::Args)]

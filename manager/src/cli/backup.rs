@@ -114,7 +114,7 @@ pub async fn restore(
     client.call(Method::POST, &path, Some(req)).await
 }
 
-fn parse_labels(labels: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+pub(crate) fn parse_labels(labels: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
     labels
         .iter()
         .map(|l| match l.split_once('=') {

@@ -5,7 +5,7 @@
 //! Every command runs exactly as it does against a manager's REST API: the REST router
 //! ([`zebu_api::router`] over [`Ops`] on the kube store) is served in this process on an
 //! ephemeral port of 127.0.0.1, for this one command, and the same command code
-//! ([`super::commands`], [`super::backup`], [`super::scrub`]) talks to it. So the rules
+//! ([`super::commands`], [`super::backup`], [`super::recurring`], [`super::scrub`]) talks to it. So the rules
 //! (ops) and the output (render) are the same code on one host and in a cluster, and
 //! whatever must reach an engine (snapshots, expansion, scrub) reaches it at the address its
 //! Engine object records, as a manager would.
@@ -55,6 +55,7 @@ pub async fn run(
         Command::Volume(cmd) => super::commands::volume(&client, out, cmd).await,
         Command::Snapshot(cmd) => super::commands::snapshot(&client, out, cmd).await,
         Command::Backup(cmd) => super::backup::backup(&client, out, cmd).await,
+        Command::RecurringJob(cmd) => super::recurring::recurring(&client, out, cmd).await,
         other => Err(anyhow::anyhow!(
             "{}",
             refused(&other).unwrap_or("not available with --kubeconfig")
@@ -75,6 +76,7 @@ fn refused(command: &Command) -> Option<&'static str> {
         Command::Node(NodeCmd::Ls)
         | Command::Volume(_)
         | Command::Snapshot(_)
-        | Command::Backup(_) => None,
+        | Command::Backup(_)
+        | Command::RecurringJob(_) => None,
     }
 }

@@ -1,9 +1,9 @@
 //! `zebu manager`: one node's manager in a Kubernetes cluster, in the foreground: its Leases
 //! (the node's presence; the cluster singletons while it holds the cluster Lease), the
 //! controllers as a member (the volumes it owns, their scrub schedule), the node agent (this
-//! node's engines and replicas), the backup controller while it holds the cluster Lease
-//! ([`crate::cluster::singletons`]) and the REST API, all over the kube store in
-//! `--namespace`: every controller `zebu up` runs on one host.
+//! node's engines and replicas), the backup, standby and recurring controllers while it
+//! holds the cluster Lease ([`crate::cluster::singletons`]) and the REST API, all over the
+//! kube store in `--namespace`: every controller `zebu up` runs on one host.
 //!
 //! Stopping it (SIGTERM, a pod restart or upgrade, or kill -9) stops the manager only: the
 //! node's engines and replicas go on serving (they are the instance manager's processes, or,
@@ -123,6 +123,36 @@ pub async fn manager(
             stop_rx.clone(),
         ))
     };
+    // The standby (DR) volumes' follower is a cluster singleton as well (DESIGN §5: DR
+    // polling runs under the cluster Lease).
+    let standby = {
+        let store = store.clone();
+        let cfg = zebu_controllers::backup::BackupConfig {
+            work_dir: data_dir.join("backups"),
+        };
+        tokio::spawn(singletons::run_while_leading(
+            "standby controller",
+            membership.clone(),
+            move |stop| zebu_controllers::standby::run(store.clone(), cfg.clone(), stop),
+            stop_rx.clone(),
+        ))
+    };
+    // The recurring jobs' scheduler is a cluster singleton too: started while this manager
+    // holds the cluster Lease; its loop also asks the membership before each pass, so a
+    // pass never starts after the lead was lost between two checks of the supervisor.
+    let recurring = {
+        let store = store.clone();
+        let m = membership.clone();
+        tokio::spawn(singletons::run_while_leading(
+            "recurring controller",
+            membership.clone(),
+            move |stop| {
+                let m: Arc<dyn zebu_controllers::Membership> = m.clone();
+                zebu_controllers::recurring::run(store.clone(), Some(m), stop)
+            },
+            stop_rx.clone(),
+        ))
+    };
     let controllers =
         zebu_controllers::Controllers::member(store.clone(), args.node.clone(), membership);
     let controllers = tokio::spawn(zebu_controllers::run_controllers(controllers, stop_rx));
@@ -144,6 +174,12 @@ pub async fn manager(
     }
     if let Err(e) = backups.await {
         tracing::warn!("backup controller task failed: {e}");
+    }
+    if let Err(e) = standby.await {
+        tracing::warn!("standby controller task failed: {e}");
+    }
+    if let Err(e) = recurring.await {
+        tracing::warn!("recurring controller task failed: {e}");
     }
     if let Err(e) = leases.await {
         tracing::warn!("Lease task failed: {e}");

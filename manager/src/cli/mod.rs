@@ -7,6 +7,7 @@
 //! - [`up`]: `zebu up`;
 //! - [`scrub`]: `zebu volume scrub`;
 //! - [`backup`]: `zebu backup ...` and `zebu volume create --from-backup`.
+//! - [`recurring`]: `zebu recurring-job ...`.
 //! - [`kube`]: `--kubeconfig FILE`: the operations in-process over a cluster's resources.
 //! - [`manager`]: `zebu manager`: one node's manager in a Kubernetes cluster.
 //!
@@ -21,6 +22,7 @@ pub mod backup;
 pub mod commands;
 pub mod kube;
 pub mod manager;
+pub mod recurring;
 pub mod render;
 pub mod scrub;
 pub mod standby;
@@ -51,5 +53,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Volume(cmd) => commands::volume(&client()?, out, cmd).await,
         Command::Snapshot(cmd) => commands::snapshot(&client()?, out, cmd).await,
         Command::Backup(cmd) => backup::backup(&client()?, out, cmd).await,
+        Command::RecurringJob(cmd) => recurring::recurring(&client()?, out, cmd).await,
     }
 }

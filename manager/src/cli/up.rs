@@ -210,6 +210,12 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         },
         stop_rx.clone(),
     ));
+    // One host, one manager: the recurring jobs' scheduler runs for good.
+    let recurring = tokio::spawn(zebu_controllers::recurring::run(
+        store.clone(),
+        None,
+        stop_rx.clone(),
+    ));
     let controllers = tokio::spawn(zebu_controllers::run(store.clone(), stop_rx));
     // Whoever started us may stop reading our output (a closed pipe): the cluster keeps
     // running, so a failed write here is only logged.
@@ -254,6 +260,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     }
     if let Err(e) = standby.await {
         tracing::warn!("standby controller task failed: {e}");
+    }
+    if let Err(e) = recurring.await {
+        tracing::warn!("recurring controller task failed: {e}");
     }
     agents.stop_all().await;
     let _ = writeln!(std::io::stderr(), "zebu: stopped");

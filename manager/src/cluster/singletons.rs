@@ -1,8 +1,10 @@
 //! The cluster singletons that run beside the controllers' pass: the backup controller
 //! (backups, restores, deletions from the target, the target's poll and backup GC, with their
-//! `zebu-backup-run` jobs). On one host `zebu up` runs it for good; in a cluster exactly one
-//! manager may, the one that holds the cluster Lease, so it is started when this manager
-//! starts leading and stopped when it stops.
+//! `zebu-backup-run` jobs), the standby controller (DR volumes following their source's
+//! backups) and the recurring controller (RecurringJobs' schedules and retention). On one
+//! host `zebu up` runs them for good; in a cluster exactly one manager may, the one that
+//! holds the cluster Lease, so each is started when this manager starts leading and stopped
+//! when it stops.
 //!
 //! **Why two managers never run it at once.** [`Membership::leads`] turns false once the
 //! cluster Lease has not been renewed for the renew deadline, which is 5 s shorter than the

@@ -315,6 +315,9 @@ pub struct VolumeRestoreStatus {
     pub node: Option<String>,
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub attempts: u32,
+    /// When the next attempt may start (RFC 3339), while a failed one waits out its backoff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_retry_at: Option<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error: String,
 }
