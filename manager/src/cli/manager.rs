@@ -1,8 +1,8 @@
 //! `zebu manager`: one node's manager in a Kubernetes cluster, in the foreground: its Leases
 //! (the node's presence; the cluster singletons while it holds the cluster Lease), the
 //! controllers as a member (the volumes it owns, their scrub schedule), the node agent (this
-//! node's engines and replicas), the backup controller while it holds the cluster Lease
-//! ([`crate::cluster::singletons`]) and the REST API, all over the kube store in
+//! node's engines and replicas), the backup and standby controllers while it holds the
+//! cluster Lease ([`crate::cluster::singletons`]) and the REST API, all over the kube store in
 //! `--namespace`: every controller `zebu up` runs on one host.
 //!
 //! Stopping it (SIGTERM, a pod restart or upgrade, or kill -9) stops the manager only: the
@@ -112,15 +112,30 @@ pub async fn manager(
             tracing::error!(node, "node agent: {e}");
         }
     });
+    // The backup and standby controllers are cluster singletons; their job processes go
+    // with the lead (see `singletons`).
+    let backup_cfg = zebu_controllers::backup::BackupConfig {
+        work_dir: data_dir.join("backups"),
+    };
     let backups = {
         let store = store.clone();
-        let cfg = zebu_controllers::backup::BackupConfig {
-            work_dir: data_dir.join("backups"),
-        };
+        let cfg = backup_cfg.clone();
         tokio::spawn(singletons::run_while_leading(
             "backup controller",
             membership.clone(),
             move |stop| zebu_controllers::backup::run(store.clone(), cfg.clone(), stop),
+            singletons::kill_jobs("backup controller", backup_cfg.jobs_dir()),
+            stop_rx.clone(),
+        ))
+    };
+    let standby = {
+        let store = store.clone();
+        let cfg = backup_cfg.clone();
+        tokio::spawn(singletons::run_while_leading(
+            "standby controller",
+            membership.clone(),
+            move |stop| zebu_controllers::standby::run(store.clone(), cfg.clone(), stop),
+            singletons::kill_jobs("standby controller", backup_cfg.jobs_dir()),
             stop_rx.clone(),
         ))
     };
@@ -145,6 +160,9 @@ pub async fn manager(
     }
     if let Err(e) = backups.await {
         tracing::warn!("backup controller task failed: {e}");
+    }
+    if let Err(e) = standby.await {
+        tracing::warn!("standby controller task failed: {e}");
     }
     if let Err(e) = leases.await {
         tracing::warn!("Lease task failed: {e}");
