@@ -182,7 +182,6 @@ fn uploads_on(zc: &ZebuCluster, node: &str) -> Vec<i32> {
 }
 
 #[test]
-#[ignore = "written and compiled but never run (the Kubernetes tools were not built before the deadline); run with --run-ignored all"]
 fn a_lost_cluster_lease_ends_the_old_leaders_upload_and_the_new_leader_completes_the_backup() {
     let moto = Moto::start();
     moto.create_bucket("zebu");
