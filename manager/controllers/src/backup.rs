@@ -32,9 +32,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+use zebu_backup::job::TargetRef;
 use zebu_backup::job::{BackupJob, JobKind, JobReport, JobSpec, ParentRef, RestoreJob};
 use zebu_backupstore::Manifest;
-use zebu_ops::backup::{open_target, target_ref};
+use zebu_ops::backup::{job_target_ref, open_target_of};
 use zebu_types::Store;
 use zebu_types::names::{BACKUP_FAMILY_ANNOTATION, BACKUP_FINALIZER, FROM_BACKUP_ANNOTATION};
 use zebu_types::resources::{
@@ -67,6 +68,19 @@ const PERIOD: Duration = Duration::from_secs(1);
 pub struct BackupConfig {
     /// Job files, reports and logs; the family index cache under `cache/`.
     pub work_dir: PathBuf,
+}
+
+impl BackupConfig {
+    /// Where the job files are, which name the job processes on their command lines
+    /// ([`crate::backup_jobs::kill_all_in`] finds them by it).
+    pub fn jobs_dir(&self) -> PathBuf {
+        self.work_dir.join("jobs")
+    }
+
+    /// Where a job's credentials go when they come from a Secret (a cluster).
+    pub fn credentials_dir(&self) -> PathBuf {
+        self.work_dir.join("credentials")
+    }
 }
 
 /// The backup controller and what it remembers between passes.
@@ -139,7 +153,7 @@ fn fill_status(s: &mut BackupStatus, r: &JobReport) {
 
 impl BackupController {
     pub fn new(store: Arc<dyn Store>, cfg: BackupConfig) -> Self {
-        let jobs = Jobs::new(cfg.work_dir.join("jobs"));
+        let jobs = Jobs::new(cfg.jobs_dir());
         BackupController {
             store,
             cfg,
@@ -187,9 +201,14 @@ impl BackupController {
         Ok(())
     }
 
-    fn spec(&self, t: &BackupTarget, job: JobKind) -> JobSpec {
+    /// The target reference of a job (its credentials resolved; see [`job_target_ref`]).
+    async fn job_target(&self, t: &BackupTarget) -> Result<TargetRef, String> {
+        job_target_ref(self.store.as_ref(), &t.spec, &self.cfg.credentials_dir()).await
+    }
+
+    fn spec(&self, t: &BackupTarget, target: TargetRef, job: JobKind) -> JobSpec {
         JobSpec {
-            target: target_ref(&t.spec),
+            target,
             cache_dir: Some(self.cfg.work_dir.join("cache")),
             run_id: String::new(),
             session_ttl_secs: Some(t.spec.session_ttl),
@@ -377,6 +396,15 @@ impl BackupController {
                 return self.write_status(b, status).await;
             }
         };
+        // Credentials first: a missing or unreadable Secret is said in the status and
+        // costs no attempt.
+        let target_ref = match self.job_target(t).await {
+            Ok(r) => r,
+            Err(e) => {
+                status.error = e;
+                return self.write_status(b, status).await;
+            }
+        };
         // The write-ahead record: the attempt and its run id are in the Backup's status
         // before its process exists, so a manager killed at any point after this leaves a
         // record that `backup rm` acts on (it deletes from the target) and the next pass
@@ -396,6 +424,7 @@ impl BackupController {
         };
         let mut spec = self.spec(
             t,
+            target_ref,
             JobKind::Backup(BackupJob {
                 family,
                 backup: name.clone(),
@@ -463,7 +492,7 @@ impl BackupController {
                 tracing::warn!(backup = %name, "cannot delete the backup: no backup target is set");
                 return Ok(());
             };
-            let removed = match open_target(&target_ref(&t.spec)).await {
+            let removed = match open_target_of(self.store.as_ref(), &t.spec).await {
                 Ok(store) => {
                     let f = zebu_backupstore::FamilyId::new(family_of_backup(b));
                     let n = zebu_backupstore::BackupName::new(&name);
@@ -626,8 +655,16 @@ impl BackupController {
                 return self.write_restore(v, r).await;
             }
         };
+        let target_ref = match self.job_target(t).await {
+            Ok(r) => r,
+            Err(e) => {
+                r.error = e;
+                return self.write_restore(v, r).await;
+            }
+        };
         let mut spec = self.spec(
             t,
+            target_ref,
             JobKind::Restore(RestoreJob {
                 family: family_of_backup(b),
                 backup: backup.clone(),
@@ -657,7 +694,7 @@ impl BackupController {
     async fn poll(&mut self, t: BackupTarget) -> Result<(), StoreError> {
         let mut status = t.status.clone();
         status.last_synced_at = Some(zebu_types::time::now_rfc3339());
-        let listed = match open_target(&target_ref(&t.spec)).await {
+        let listed = match open_target_of(self.store.as_ref(), &t.spec).await {
             Ok(store) => match store.list_backups(None).await {
                 Ok(ms) => Ok((store, ms)),
                 Err(e) => Err(e.to_string()),

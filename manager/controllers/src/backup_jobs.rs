@@ -135,18 +135,65 @@ impl Jobs {
     }
 }
 
-/// The pid of a running `zebu-backup-run --job FILE`, found by its command line.
-pub fn find_pid(job_file: &Path) -> Option<u32> {
-    let want = job_file.as_os_str().as_encoded_bytes();
-    std::fs::read_dir("/proc")
-        .ok()?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .find(|pid| {
+impl Drop for Jobs {
+    /// Reaps the processes of this controller that have ended (killed ones, when it stops
+    /// because its manager lost the cluster Lease); those still running go on unreaped.
+    fn drop(&mut self) {
+        for c in self.children.values_mut() {
+            let _ = c.try_wait();
+        }
+    }
+}
+
+/// Pids of running `zebu-backup-run --job FILE` processes whose job file passes `wanted`.
+fn runner_pids(wanted: impl Fn(&[u8]) -> bool) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // A zombie's cmdline is empty: it runs no more.
             let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
                 return false;
             };
             let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
             args.first().is_some_and(|a| a.ends_with(RUNNER.as_bytes()))
-                && args.windows(2).any(|w| w[0] == b"--job" && w[1] == want)
+                && args.windows(2).any(|w| w[0] == b"--job" && wanted(w[1]))
         })
+        .collect()
+}
+
+/// The pid of a running `zebu-backup-run --job FILE`, found by its command line.
+pub fn find_pid(job_file: &Path) -> Option<u32> {
+    let want = job_file.as_os_str().as_encoded_bytes();
+    runner_pids(|f| f == want).into_iter().next()
+}
+
+/// Kills (SIGKILL) every running job process whose job file is in `dir`, whoever started
+/// it (this manager's controller now, or before a restart), and waits up to a second for
+/// them to be gone; returns their pids. A killed backup leaves no manifest, so nothing is
+/// committed; its report says `running` with no process behind it, which counts as a
+/// killed attempt.
+pub fn kill_all_in(dir: &Path) -> Vec<u32> {
+    let prefix = dir.as_os_str().as_encoded_bytes();
+    let in_dir = |f: &[u8]| {
+        f.strip_prefix(prefix)
+            .is_some_and(|rest| rest.first() == Some(&b'/'))
+    };
+    let pids = runner_pids(in_dir);
+    for pid in &pids {
+        let _ = Command::new("kill")
+            .arg("-9")
+            .arg(pid.to_string())
+            .stderr(Stdio::null())
+            .status();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while !pids.is_empty()
+        && runner_pids(in_dir).iter().any(|p| pids.contains(p))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    pids
 }

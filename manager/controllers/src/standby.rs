@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use zebu_backup::job::{JobKind, JobSpec, RestoreJob, read_json};
-use zebu_ops::backup::target_ref;
+use zebu_ops::backup::job_target_ref;
 use zebu_ops::standby::{family_of_backup, newest_backup_of, standby_source};
 use zebu_types::Store;
 use zebu_types::names::{
@@ -255,8 +255,16 @@ impl StandbyController {
                 return self.write_restore(v, r).await;
             }
         };
+        let target =
+            match job_target_ref(self.store.as_ref(), &t.spec, &self.cfg.credentials_dir()).await {
+                Ok(target) => target,
+                Err(e) => {
+                    r.error = e;
+                    return self.write_restore(v, r).await;
+                }
+            };
         let spec = JobSpec {
-            target: target_ref(&t.spec),
+            target,
             cache_dir: Some(self.cfg.work_dir.join("cache")),
             secret_file,
             job: JobKind::Restore(RestoreJob {

@@ -33,8 +33,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::Value;
 use tokio::task::JoinHandle;
 use zebu_types::store::{
-    BoxFuture, ListParams, ObjectList, Result, Store, StoreError, WatchEvent, WatchStream,
-    object_version,
+    BoxFuture, ListParams, ObjectList, Result, SecretLookup, Store, StoreError, WatchEvent,
+    WatchStream, object_version,
 };
 use zebu_types::{API_VERSION, GROUP, Kind, ResourceVersion, VERSION, validate_object_name};
 
@@ -463,9 +463,34 @@ impl KubeStore {
         }
         Ok(kept)
     }
+
+    /// A core/v1 Secret of the namespace, read straight from the API server (never cached:
+    /// it is read only where credentials are needed, and a changed Secret counts at once).
+    async fn secret_impl(&self, name: &str) -> Result<SecretLookup> {
+        let api: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(self.inner.client.clone(), &self.inner.namespace);
+        match api.get_opt(name).await {
+            Ok(None) => Ok(SecretLookup::Missing),
+            Ok(Some(s)) => Ok(SecretLookup::Found(
+                s.data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.0))
+                    .collect(),
+            )),
+            // The API server's message names the verb, the resource and the user.
+            Err(e) => Err(StoreError::Backend {
+                context: "reading a Secret",
+                source: Box::new(e),
+            }),
+        }
+    }
 }
 
 impl Store for KubeStore {
+    fn secret<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<SecretLookup>> {
+        Box::pin(self.secret_impl(name))
+    }
     fn namespace(&self) -> &str {
         &self.inner.namespace
     }

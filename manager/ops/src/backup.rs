@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use zebu_backup::job::TargetRef;
 use zebu_backupstore::{BackupError, BackupName, BackupStore, FamilyId, GcOptions, StoreOptions};
+use zebu_types::Store;
 use zebu_types::names::{BACKUP_FAMILY_ANNOTATION, BACKUP_FINALIZER, FROM_BACKUP_ANNOTATION};
 use zebu_types::requests::CreateVolume;
 use zebu_types::requests::backup::{
@@ -35,7 +36,7 @@ use zebu_types::resources::{
     RestoreState, Volume,
 };
 use zebu_types::size::ByteSize;
-use zebu_types::store::{StoreError, TypedStore};
+use zebu_types::store::{SecretLookup, StoreError, TypedStore};
 use zebu_types::{Kind, validate_label};
 
 use crate::volume::check_name;
@@ -62,9 +63,104 @@ pub fn target_ref(t: &BackupTargetSpec) -> TargetRef {
     }
 }
 
+/// The checked `AWS_*` pairs of the credential Secret a target names, on a store that
+/// keeps Secrets (a cluster); `None` where it keeps none (one host: the name is a file's
+/// path) or the target names no credentials. Every failure is one line naming the Secret
+/// and the namespace, never a value.
+pub async fn secret_credentials(
+    store: &dyn Store,
+    t: &BackupTargetSpec,
+) -> Result<Option<Vec<(String, String)>>, String> {
+    let Some(name) = t.credential_secret.as_deref() else {
+        return Ok(None);
+    };
+    match store.secret(name).await {
+        Ok(SecretLookup::NotServed) => Ok(None),
+        Ok(SecretLookup::Missing) => Err(format!(
+            "the backup target's credential Secret {name:?} does not exist in namespace {}",
+            store.namespace()
+        )),
+        Ok(SecretLookup::Found(data)) => zebu_backup::target::checked_secret_pairs(name, &data)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(format!(
+            "the backup target's credential Secret {name:?}: {}",
+            error_chain(&e)
+        )),
+    }
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut next = e.source();
+    while let Some(s) = next {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = s.source();
+    }
+    parts.join(": ")
+}
+
+/// Opens the target `t` describes, its credentials from the Secret it names where `store`
+/// keeps Secrets (see [`secret_credentials`]), else as [`target_ref`] says.
+pub async fn open_target_of(
+    store: &dyn Store,
+    t: &BackupTargetSpec,
+) -> Result<BackupStore, String> {
+    match secret_credentials(store, t).await? {
+        Some(pairs) => {
+            let cfg = zebu_backupstore::TargetConfig::with_settings(
+                t.url.clone(),
+                zebu_backup::target::settings_from_pairs(&pairs),
+            );
+            open_config(&t.url, cfg).await
+        }
+        None => open_target(&target_ref(t)).await,
+    }
+}
+
+/// The reference a job process (`zebu-backup-run`) opens `t` with: where `store` keeps
+/// Secrets, the Secret's pairs are written to `dir/<secret>.env` (mode 0600, rewritten each
+/// time, so a changed Secret counts from the next job on) and the reference names that
+/// file; else [`target_ref`].
+pub async fn job_target_ref(
+    store: &dyn Store,
+    t: &BackupTargetSpec,
+    dir: &std::path::Path,
+) -> Result<TargetRef, String> {
+    let (Some(pairs), Some(name)) = (
+        secret_credentials(store, t).await?,
+        t.credential_secret.as_deref(),
+    ) else {
+        return Ok(target_ref(t));
+    };
+    // A Secret's name is a DNS subdomain: no '/' and no "..", so it stays in `dir`.
+    if name.contains('/') || name.starts_with('.') {
+        return Err(format!(
+            "credential Secret name {name:?} is not a valid name"
+        ));
+    }
+    let path = dir.join(format!("{name}.env"));
+    zebu_backup::target::write_credentials_file(&path, &pairs)
+        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    Ok(TargetRef {
+        url: t.url.clone(),
+        credentials: Some(path),
+    })
+}
+
 /// Opens a target, every failure one line; used by the operations and the controller.
 pub async fn open_target(t: &TargetRef) -> Result<BackupStore, String> {
     let cfg = zebu_backup::target::config(t).map_err(|e| e.to_string())?;
+    open_config(&t.url, cfg).await
+}
+
+async fn open_config(
+    url: &str,
+    cfg: zebu_backupstore::TargetConfig,
+) -> Result<BackupStore, String> {
     match tokio::time::timeout(
         TARGET_CHECK_TIMEOUT,
         BackupStore::open(&cfg, StoreOptions::default()),
@@ -74,8 +170,7 @@ pub async fn open_target(t: &TargetRef) -> Result<BackupStore, String> {
         Ok(Ok(s)) => Ok(s),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(format!(
-            "backup target {}: no answer within {} s",
-            t.url,
+            "backup target {url}: no answer within {} s",
             TARGET_CHECK_TIMEOUT.as_secs()
         )),
     }
@@ -202,7 +297,9 @@ impl Ops {
             }
             spec.session_ttl = t;
         }
-        open_target(&target_ref(&spec)).await.map_err(target_err)?;
+        open_target_of(self.store.as_ref(), &spec)
+            .await
+            .map_err(target_err)?;
         for _ in 0..10 {
             let result = match self
                 .store
@@ -343,7 +440,7 @@ impl Ops {
             ));
         }
         let target = self.get_backup_target().await?;
-        let store = open_target(&target_ref(&target.spec))
+        let store = open_target_of(self.store.as_ref(), &target.spec)
             .await
             .map_err(|e| OpsError::precondition(&b.spec.volume, e))?;
         let family = b
@@ -403,7 +500,7 @@ impl Ops {
     /// is recorded in the target's status (`lastGc`, `lastGcAt`) either way.
     pub async fn backup_gc(&self, wait: bool) -> OpsResult<GcReportLine> {
         let target = self.get_backup_target().await?;
-        let store = open_target(&target_ref(&target.spec))
+        let store = open_target_of(self.store.as_ref(), &target.spec)
             .await
             .map_err(|e| OpsError::precondition("", e))?;
         let spec = target.spec.clone();

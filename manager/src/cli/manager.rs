@@ -111,29 +111,30 @@ pub async fn manager(
             tracing::error!(node, "node agent: {e}");
         }
     });
+    // The backup and standby controllers are cluster singletons; their job processes go
+    // with the lead (see `singletons`).
+    let backup_cfg = zebu_controllers::backup::BackupConfig {
+        work_dir: data_dir.join("backups"),
+    };
     let backups = {
         let store = store.clone();
-        let cfg = zebu_controllers::backup::BackupConfig {
-            work_dir: data_dir.join("backups"),
-        };
+        let cfg = backup_cfg.clone();
         tokio::spawn(singletons::run_while_leading(
             "backup controller",
             membership.clone(),
             move |stop| zebu_controllers::backup::run(store.clone(), cfg.clone(), stop),
+            singletons::kill_jobs("backup controller", backup_cfg.jobs_dir()),
             stop_rx.clone(),
         ))
     };
-    // The standby (DR) volumes' follower is a cluster singleton as well (DESIGN §5: DR
-    // polling runs under the cluster Lease).
     let standby = {
         let store = store.clone();
-        let cfg = zebu_controllers::backup::BackupConfig {
-            work_dir: data_dir.join("backups"),
-        };
+        let cfg = backup_cfg.clone();
         tokio::spawn(singletons::run_while_leading(
             "standby controller",
             membership.clone(),
             move |stop| zebu_controllers::standby::run(store.clone(), cfg.clone(), stop),
+            singletons::kill_jobs("standby controller", backup_cfg.jobs_dir()),
             stop_rx.clone(),
         ))
     };
@@ -150,6 +151,9 @@ pub async fn manager(
                 let m: Arc<dyn zebu_controllers::Membership> = m.clone();
                 zebu_controllers::recurring::run(store.clone(), Some(m), stop)
             },
+            // Its backups and snapshots are made through the store (the backup controller
+            // runs their processes), so it has no process of its own to end.
+            || {},
             stop_rx.clone(),
         ))
     };

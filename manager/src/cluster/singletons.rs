@@ -6,17 +6,27 @@
 //! holds the cluster Lease, so each is started when this manager starts leading and stopped
 //! when it stops.
 //!
-//! **Why two managers never run it at once.** [`Membership::leads`] turns false once the
+//! **Why two managers never run one at once.** [`Membership::leads`] turns false once the
 //! cluster Lease has not been renewed for the renew deadline, which is 5 s shorter than the
 //! Lease's duration that another manager waits before it takes the Lease over (see
-//! [`super::lease`]). This loop asks every [`CHECK`] and then stops the controller between
-//! two of its passes, so a pass that ends within the remaining margin is the last one.
+//! [`super::lease`]). This loop asks every [`CHECK`] and then stops the singleton within
+//! [`FINISH_WITHIN`] (told to stop between two passes, aborted if a pass hangs, as it does
+//! against an API server that no longer answers), well inside that margin.
 //!
-//! An upload process the old leader started is not killed when it stops leading (the
-//! controller has no such step, and the process needs no manager to finish): the new leader,
-//! which does not see the old one's job files, may start another attempt of the same backup
-//! beside it, as it would after the old leader's node died. The attempts deduplicate against
-//! each other's chunks, and the manifest, written last, is the commit point.
+//! **The job processes go with the lead.** An upload or restore process the old leader
+//! started needs no manager to go on, so on its own it would outlive the lead: the new
+//! leader, which does not see the old one's job files, would start another attempt of the
+//! same backup beside it, two writers of one restore into the same replicas. So when the
+//! lead is lost, the singleton's `on_lost` ([`kill_jobs`] for the backup controllers) kills
+//! every job process of this manager at once, and again once the singleton has stopped (a
+//! pass that was under way may have started one meanwhile). The attempt it killed is
+//! recorded (write-ahead) in the Backup's status, so the new leader counts it and retries.
+//!
+//! A manager that *stops* (SIGTERM, an upgrade) keeps its job processes: it does not give
+//! up the Lease either, and if it comes back within the Lease's duration it finds them again
+//! by their command lines. A manager killed with -9 cannot kill anything; its processes run
+//! on beside the new leader's attempt (the attempts deduplicate each other's chunks, and
+//! the manifest, written last with a create-only put, is the commit point).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,18 +38,38 @@ use zebu_controllers::Membership;
 
 /// How often leadership is looked at.
 pub const CHECK: Duration = Duration::from_millis(500);
+/// How long a singleton told to stop may take to end before it is aborted.
+pub const FINISH_WITHIN: Duration = Duration::from_secs(2);
+
+/// The `on_lost` of the backup and standby controllers: kill every job process whose job
+/// file is in `jobs_dir` (this manager's, see [`zebu_controllers::backup_jobs::kill_all_in`]).
+pub fn kill_jobs(what: &'static str, jobs_dir: std::path::PathBuf) -> impl Fn() + Send + Sync {
+    move || {
+        let killed = zebu_controllers::backup_jobs::kill_all_in(&jobs_dir);
+        if !killed.is_empty() {
+            tracing::warn!(
+                ?killed,
+                "{what}: killed this manager's job processes (the cluster Lease is lost; the next leader retries their attempts)"
+            );
+        }
+    }
+}
 
 /// Run `start(stop)` while `membership` leads, until `stop` turns true: started when it
-/// starts leading, told to stop (and awaited) when it no longer does, started again when it
-/// leads again.
-pub async fn run_while_leading<F, Fut>(
+/// starts leading; when it no longer does, `on_lost()` is called, the singleton is told to
+/// stop (aborted after [`FINISH_WITHIN`]) and `on_lost()` is called again; started again
+/// when it leads again. When `stop` turns true the singleton is stopped the same way but
+/// without `on_lost` (see the module docs).
+pub async fn run_while_leading<F, Fut, L>(
     what: &'static str,
     membership: Arc<dyn Membership>,
     start: F,
+    on_lost: L,
     mut stop: watch::Receiver<bool>,
 ) where
     F: Fn(watch::Receiver<bool>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
+    L: Fn(),
 {
     let mut running: Option<(watch::Sender<bool>, JoinHandle<()>)> = None;
     loop {
@@ -50,7 +80,9 @@ pub async fn run_while_leading<F, Fut>(
             running = Some((tx, tokio::spawn(start(rx))));
         } else if !leads && let Some((tx, task)) = running.take() {
             tracing::info!("{what}: stopping (this manager no longer holds the cluster Lease)");
+            on_lost();
             finish(what, tx, task).await;
+            on_lost();
         }
         tokio::select! {
             _ = tokio::time::sleep(CHECK) => {}
@@ -65,10 +97,23 @@ pub async fn run_while_leading<F, Fut>(
     }
 }
 
-async fn finish(what: &'static str, tx: watch::Sender<bool>, task: JoinHandle<()>) {
+async fn finish(what: &'static str, tx: watch::Sender<bool>, mut task: JoinHandle<()>) {
     // The task may have ended already (a panic): then there is nobody to tell.
     let _ = tx.send(true);
-    if let Err(e) = task.await {
+    let ended = match tokio::time::timeout(FINISH_WITHIN, &mut task).await {
+        Ok(ended) => ended,
+        Err(_) => {
+            tracing::warn!(
+                "{what}: did not stop within {} s (a pass waiting on an API server that does not answer?): aborted",
+                FINISH_WITHIN.as_secs()
+            );
+            task.abort();
+            (&mut task).await
+        }
+    };
+    if let Err(e) = ended
+        && !e.is_cancelled()
+    {
         tracing::warn!("{what}: task failed: {e}");
     }
 }
@@ -94,17 +139,20 @@ mod tests {
         }
     }
 
-    /// Started only while leading, stopped when the lead is lost, started again when it
-    /// comes back; never two at once.
+    /// Started only while leading, stopped when the lead is lost (its `on_lost` called
+    /// before and after), started again when it comes back; never two at once; stopped
+    /// with the manager without `on_lost`.
     #[tokio::test]
     async fn runs_only_while_leading() {
         let flag = Arc::new(Flag(AtomicBool::new(false)));
         let live = Arc::new(AtomicU32::new(0));
         let starts = Arc::new(AtomicU32::new(0));
+        let lost = Arc::new(AtomicU32::new(0));
         let (stop_tx, stop_rx) = watch::channel(false);
         let task = {
             let live = live.clone();
             let starts = starts.clone();
+            let lost = lost.clone();
             tokio::spawn(run_while_leading(
                 "test singleton",
                 flag.clone(),
@@ -118,6 +166,9 @@ mod tests {
                         }
                         live.fetch_sub(1, Ordering::SeqCst);
                     }
+                },
+                move || {
+                    lost.fetch_add(1, Ordering::SeqCst);
                 },
                 stop_rx,
             ))
@@ -134,12 +185,14 @@ mod tests {
             (starts.load(Ordering::SeqCst), live.load(Ordering::SeqCst)),
             (1, 1)
         );
+        assert_eq!(lost.load(Ordering::SeqCst), 0);
         flag.0.store(false, Ordering::SeqCst);
         settle().await;
         assert_eq!(
             (starts.load(Ordering::SeqCst), live.load(Ordering::SeqCst)),
             (1, 0)
         );
+        assert_eq!(lost.load(Ordering::SeqCst), 2, "on_lost before and after");
         flag.0.store(true, Ordering::SeqCst);
         settle().await;
         assert_eq!(
@@ -149,5 +202,46 @@ mod tests {
         stop_tx.send(true).expect("send");
         task.await.expect("supervisor");
         assert_eq!(live.load(Ordering::SeqCst), 0, "stopped with the manager");
+        assert_eq!(
+            lost.load(Ordering::SeqCst),
+            2,
+            "no on_lost when the manager stops"
+        );
+    }
+
+    /// A singleton whose pass hangs (an API server that stopped answering) is aborted
+    /// within FINISH_WITHIN of the lead being lost, so `on_lost` runs its second time well
+    /// inside the margin before another manager may take over.
+    #[tokio::test]
+    async fn a_hung_singleton_is_aborted_when_the_lead_is_lost() {
+        let flag = Arc::new(Flag(AtomicBool::new(true)));
+        let lost = Arc::new(std::sync::Mutex::new(Vec::<std::time::Instant>::new()));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = {
+            let lost = lost.clone();
+            tokio::spawn(run_while_leading(
+                "hung singleton",
+                flag.clone(),
+                |_stop| std::future::pending::<()>(),
+                move || lost.lock().expect("lock").push(std::time::Instant::now()),
+                stop_rx,
+            ))
+        };
+        tokio::time::sleep(CHECK * 2).await;
+        let at = std::time::Instant::now();
+        flag.0.store(false, Ordering::SeqCst);
+        tokio::time::sleep(CHECK * 2 + FINISH_WITHIN).await;
+        let calls = lost.lock().expect("lock").clone();
+        assert_eq!(calls.len(), 2, "on_lost before and after the abort");
+        assert!(calls[0] - at <= CHECK * 2, "first on_lost at once");
+        assert!(
+            calls[1] - at <= CHECK * 2 + FINISH_WITHIN,
+            "second on_lost after the abort, within FINISH_WITHIN"
+        );
+        stop_tx.send(true).expect("send");
+        tokio::time::timeout(CHECK * 4, task)
+            .await
+            .expect("supervisor ends")
+            .expect("supervisor");
     }
 }

@@ -126,6 +126,24 @@ impl ZebuCluster {
     /// Start (or start again) node `name`'s manager on `address`; returns once it serves
     /// its API.
     pub fn start(&mut self, name: &str, address: &str) {
+        let kubeconfig = self.kubeconfig.clone();
+        self.start_with(name, address, &kubeconfig, &[]);
+    }
+
+    /// The kubeconfig the managers run with (the `zebu-manager` user).
+    pub fn manager_kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// [`Self::start`] with another kubeconfig (one through a proxy the test controls) and
+    /// environment beyond [`Self::env`] (a name given here wins).
+    pub fn start_with(
+        &mut self,
+        name: &str,
+        address: &str,
+        kubeconfig: &Path,
+        extra_env: &[(String, String)],
+    ) {
         let dir = self.tmp.path().join(name);
         std::fs::create_dir_all(&dir).expect("node dir");
         let log = std::fs::OpenOptions::new()
@@ -136,7 +154,7 @@ impl ZebuCluster {
         let mut child = Command::new(ZEBU)
             .arg("manager")
             .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
+            .arg(kubeconfig)
             .args(["--namespace", &self.ns, "--node", name, "--address", address])
             .arg("--data-dir")
             .arg(&dir)
@@ -146,6 +164,7 @@ impl ZebuCluster {
                 "zebu_manager=info,zebu_ops=info,zebu_controllers=info,zebu_agent=info,zebu_kube_store=info",
             )
             .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(extra_env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
@@ -221,6 +240,14 @@ impl ZebuCluster {
         m.api = None;
     }
 
+    /// Whether node `name`'s manager process still runs.
+    pub fn alive(&mut self, name: &str) -> bool {
+        let m = self.members.get_mut(name).expect("member");
+        m.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// The whole node `name` stops: kill -9 of its manager, engines and replicas.
     pub fn stop_node(&mut self, name: &str) {
         self.kill9_manager(name);
@@ -292,7 +319,12 @@ impl Drop for ZebuCluster {
         for n in names {
             self.kill9_manager(&n);
         }
-        for pid in self.data_plane(&self.tmp.path().display().to_string()) {
+        let needle = self.tmp.path().display().to_string();
+        for pid in self
+            .data_plane(&needle)
+            .into_iter()
+            .chain(pids("zebu-backup-run", &needle))
+        {
             kill9(pid);
         }
         // A failed test leaves its managers' logs for a person to read.

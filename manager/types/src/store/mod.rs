@@ -219,6 +219,24 @@ pub trait Store: Send + Sync {
     fn secrets(&self) -> Option<std::sync::Arc<dyn crate::secrets::SecretKeeper>> {
         None
     }
+    /// The data of the Secret `name` in this store's namespace, for what names a Secret
+    /// (a backup target's `credentialSecret`). A store that keeps no Secrets (the embedded
+    /// one: on one host such a name is a file's path) answers [`SecretLookup::NotServed`].
+    fn secret<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<SecretLookup>> {
+        let _ = name;
+        Box::pin(async { Ok(SecretLookup::NotServed) })
+    }
+}
+
+/// What [`Store::secret`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretLookup {
+    /// This store keeps no Secrets.
+    NotServed,
+    /// There is no Secret of that name.
+    Missing,
+    /// Its `data`, decoded, by key.
+    Found(std::collections::BTreeMap<String, Vec<u8>>),
 }
 
 /// Encode a resource for the store.
