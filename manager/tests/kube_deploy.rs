@@ -175,7 +175,8 @@ fn the_manifests_apply_server_side_to_a_real_api_server() {
         "jsonpath={.provisioner}",
     ]);
     assert_eq!(sc, "driver.zebu.io");
-    // The manager's user has exactly what the Role gives: Leases yes, Secrets no.
+    // The manager's user has exactly what the Role gives: Leases without delete, the
+    // Secrets its objects name but no listing or watching of them.
     let can = |verb: &str, what: &str| {
         let out = c.kubectl(
             &c.manager(),
@@ -186,6 +187,11 @@ fn the_manifests_apply_server_side_to_a_real_api_server() {
     assert!(can("update", "leases.coordination.k8s.io"));
     assert!(can("create", "leases.coordination.k8s.io"));
     assert!(!can("delete", "leases.coordination.k8s.io"));
-    assert!(!can("get", "secrets"));
+    assert!(can("get", "secrets"));
+    assert!(can("create", "secrets"));
+    assert!(can("delete", "secrets"));
+    assert!(!can("list", "secrets"));
+    assert!(!can("watch", "secrets"));
+    assert!(!can("update", "secrets"));
     assert!(!can("list", "pods"));
 }
