@@ -44,6 +44,9 @@ fi
 # ($ZEBU_TOOLS_CACHE, default /var/cache/zebu-tools): about 1,600 CPU seconds cold, under a
 # second warm. Then a check that the control plane really serves (tests/k8s/README.md).
 tests/k8s/tools.sh all
+# The Go module and build caches (several GB after a cold build) are only needed to rebuild a
+# tool at a new version; the disk they hold is the build's.
+tests/k8s/tools.sh prune
 tests/k8s/smoke.sh all
 # schemathesis (PyPI) for manager/tests/openapi.rs, in a venv cached the same way.
 tests/scripts/schemathesis.sh venv
