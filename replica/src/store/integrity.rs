@@ -111,8 +111,7 @@ impl Replica {
             }
         }
         if !adopted.is_empty() {
-            self.io
-                .sync(head_sums.data_file())
+            self.sync_sums(&head_sums)
                 .await
                 .map_err(io_err("fdatasync settled checksums"))?;
         }
@@ -238,8 +237,7 @@ impl Replica {
                 at += n;
             }
         }
-        self.io
-            .sync(sums.data_file())
+        self.sync_sums(&sums)
             .await
             .map_err(io_err(format!("fdatasync the checksums of {id}")))?;
         let _ops = self.ops.lock().await;

@@ -301,11 +301,14 @@ fn after_a_crash_a_block_between_its_sum_and_its_data_reads_clean_and_counts_as_
         );
         assert_eq!(&got.data[4096..8192], &block(11)[..], "the new data");
         assert_eq!(&got.data[8192..12288], &block(2)[..], "the old data");
-        assert_eq!(r.info().adopted_blocks, 2);
-        assert_eq!(r.adopted_in(0, 4 * BLOCK_SIZE), vec![1, 2]);
+        // Block 3's write completed, but its sum was only staged (`sums.rs`): the crash lost
+        // it, and settling took the sum of the data the write left.
+        assert_eq!(&got.data[12288..], &block(33)[..], "the unflushed write");
+        assert_eq!(r.info().adopted_blocks, 3);
+        assert_eq!(r.adopted_in(0, 4 * BLOCK_SIZE), vec![1, 2, 3]);
         // A later write of an adopted block makes it an ordinary block again.
         r.write(BLOCK_SIZE, block(12)).await.expect("write");
-        assert_eq!(r.adopted_in(0, 4 * BLOCK_SIZE), vec![2]);
+        assert_eq!(r.adopted_in(0, 4 * BLOCK_SIZE), vec![2, 3]);
     });
 }
 
@@ -332,7 +335,16 @@ fn damage_outside_the_regions_a_crash_left_dirty_is_still_found_after_it() {
             r.read_verified(0, BLOCK_SIZE).await.expect("read").corrupt,
             vec![0]
         );
-        assert_eq!(r.info().adopted_blocks, 0);
+        // Only region 1 was settled: its unflushed write's sum was staged and lost with the
+        // process (`sums.rs`: "Staged sums"), so settling adopted that one block.
+        assert_eq!(r.info().adopted_blocks, 1);
+        assert!(
+            r.read_verified(16 * MIB, BLOCK_SIZE)
+                .await
+                .expect("read")
+                .corrupt
+                .is_empty()
+        );
         // And after a clean close, even a dirty region is trusted, not settled.
         r.write(16 * MIB + BLOCK_SIZE, block(3))
             .await
@@ -396,11 +408,143 @@ fn reads_racing_writes_to_the_same_blocks_never_report_damage() {
                 }
             }));
         }
+        // Flushes meanwhile, so staged sums move to the file while reads look for them.
+        let flusher = {
+            let r = r.clone();
+            tokio::spawn(async move {
+                for _ in 0..300 {
+                    r.flush(0).await.expect("flush");
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
         writer.await.expect("writer");
         for rd in readers {
             rd.await.expect("reader");
         }
+        flusher.await.expect("flusher");
         assert_eq!(r.info().corrupt_found, 0);
+    });
+}
+
+/// The sums of a head write stay in memory until the next flush (`sums.rs`: "Staged sums"):
+/// reads, `Checksums` and scrub see them at once, the file gets them at the flush, a
+/// snapshot's file holds them from its creation, and a clean close leaves nothing to settle.
+#[test]
+fn a_writes_sums_are_staged_until_the_flush_and_read_from_memory_meanwhile() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        let on_disk = |layer: u64, b: u64| {
+            let mut x = [0u8; 4];
+            let f = std::fs::File::open(sum_path(dir.path(), LayerId(layer))).expect("open");
+            let n = f.read_at(&mut x, b * 4).expect("read");
+            if n < 4 { 0 } else { u32::from_le_bytes(x) }
+        };
+        r.write(0, Bytes::from([block(1), block(2)].concat()))
+            .await
+            .expect("write");
+        r.write(5 * MIB, block(3)).await.expect("write");
+        assert_eq!(on_disk(1, 0), 0, "not in the file before a flush");
+        let got = r.read_verified(0, 2 * BLOCK_SIZE).await.expect("read");
+        assert!(got.corrupt.is_empty(), "{:?}", got.corrupt);
+        assert_eq!(
+            r.checksums(0, 2 * BLOCK_SIZE, BLOCK_SIZE)
+                .await
+                .expect("sums"),
+            vec![block_crc(&block(1)), block_crc(&block(2))]
+        );
+        let s = r.scrub(0, 8 * MIB).await.expect("scrub");
+        assert!(s.bad.is_empty(), "{:?}", s.bad);
+        r.flush(0).await.expect("flush");
+        assert_eq!(on_disk(1, 0), block_crc(&block(1)));
+        assert_eq!(on_disk(1, 1), block_crc(&block(2)));
+        assert_eq!(on_disk(1, 5 * MIB / BLOCK_SIZE), block_crc(&block(3)));
+        // Staged again, then frozen by a snapshot: its file has them without a flush.
+        r.write(BLOCK_SIZE, block(4)).await.expect("write");
+        assert_eq!(on_disk(1, 1), block_crc(&block(2)), "staged only");
+        r.snapshot_create("s1", true, BTreeMap::new())
+            .await
+            .expect("snapshot");
+        assert_eq!(on_disk(1, 1), block_crc(&block(4)));
+        // The new head's sums, then a clean close.
+        r.write(2 * BLOCK_SIZE, block(5)).await.expect("write");
+        let head = r.info().layers.iter().find(|l| l.head).expect("head").id;
+        assert_eq!(on_disk(head, 2), 0);
+        r.close().await.expect("close");
+        assert_eq!(on_disk(head, 2), block_crc(&block(5)));
+        drop(r);
+        flip(dir.path(), head, 2 * BLOCK_SIZE + 7);
+        let r = Replica::open(dir.path(), io(CacheMode::Page))
+            .await
+            .expect("open");
+        assert_eq!(r.info().adopted_blocks, 0, "a clean close settles nothing");
+        assert_eq!(
+            r.read_verified(2 * BLOCK_SIZE, BLOCK_SIZE)
+                .await
+                .expect("read")
+                .corrupt,
+            vec![0],
+            "the flipped bit is found: the sum was in the file"
+        );
+    });
+}
+
+/// kill -9 after writes that were flushed and writes that were not: the unflushed writes'
+/// sums were only staged, and open settles exactly those blocks (no false mismatch, no
+/// flushed block adopted).
+#[test]
+fn a_crash_loses_only_the_staged_sums_of_unflushed_writes_and_open_settles_them() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let r = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
+            .await
+            .expect("create");
+        for b in 0..8 {
+            r.write(b * BLOCK_SIZE, block(b)).await.expect("write");
+        }
+        r.flush(0).await.expect("flush");
+        for b in [2, 5] {
+            r.write(b * BLOCK_SIZE, block(100 + b))
+                .await
+                .expect("write");
+        }
+        drop(r); // no flush, no close: the staged sums are lost as in a kill -9
+        let r = Replica::open(dir.path(), io(CacheMode::Page))
+            .await
+            .expect("open");
+        let got = r.read_verified(0, 8 * BLOCK_SIZE).await.expect("read");
+        assert!(got.corrupt.is_empty(), "false mismatch {:?}", got.corrupt);
+        for b in 0..8u64 {
+            let want = if b == 2 || b == 5 {
+                block(100 + b)
+            } else {
+                block(b)
+            };
+            let at = (b * BLOCK_SIZE) as usize;
+            assert_eq!(
+                &got.data[at..at + BLOCK_SIZE as usize],
+                &want[..],
+                "block {b}"
+            );
+        }
+        assert_eq!(r.adopted_in(0, 8 * BLOCK_SIZE), vec![2, 5]);
+        // Settled sums are durable: another crash right away settles nothing new.
+        r.flush(0).await.expect("flush");
+        drop(r);
+        let r = Replica::open(dir.path(), io(CacheMode::Page))
+            .await
+            .expect("open");
+        assert_eq!(r.info().adopted_blocks, 0);
+        assert!(
+            r.read_verified(0, 8 * BLOCK_SIZE)
+                .await
+                .expect("read")
+                .corrupt
+                .is_empty()
+        );
     });
 }
 

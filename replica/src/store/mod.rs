@@ -86,6 +86,8 @@ pub const MAX_IO: u64 = 32 << 20;
 /// Merges, unmaps and rebuild copies move data in chunks of at most this size, so I/O that
 /// waits behind one waits for one chunk only.
 const CHUNK: u64 = 1 << 20;
+/// Staged checksum pages up to which a flush writes them back inline (`Replica::sync_sums`).
+const INLINE_WRITE_BACK: usize = 16;
 
 /// One layer as [`Replica::info`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -718,7 +720,8 @@ impl Replica {
     }
 
     /// Writes block-aligned data (offset and length; its memory need not be) to the head,
-    /// then its checksums (`sums.rs`: why in that order). The caller holds the gate.
+    /// then stages its checksums, which reach the checksum file by the next flush (`sums.rs`:
+    /// "Staged sums", and why in that order). The caller holds the gate.
     async fn write_aligned(&self, offset: u64, data: Bytes, sums: Option<BlockSums>) -> Result<()> {
         let range = offset..offset + data.len() as u64;
         let sums = match sums {
@@ -737,12 +740,7 @@ impl Replica {
             .await
             .map_err(io_err(format!("write {len} bytes at {offset}")))?;
         if self.io.checksums() {
-            head_sums
-                .write(offset / BLOCK_SIZE, &sums)
-                .map_err(io_err(format!(
-                    "write {} checksums at {offset}",
-                    sums.len()
-                )))?;
+            self.stage_head_sums(&head_sums, offset / BLOCK_SIZE, &sums);
         }
         // An overwrite of blocks the head already holds changes nothing in the index; the
         // check under the shared lock spares the exclusive one (and the map's churn) then.
@@ -823,18 +821,18 @@ impl Replica {
                     if (zeros.len() as u64) != n {
                         zeros = AlignedBuf::zeroed(n as usize);
                     }
-                    let sums = BlockSums::from_crcs(std::iter::repeat_n(
-                        zebu_proto::sums::ZERO_BLOCK_CRC,
-                        (n / BLOCK_SIZE) as usize,
-                    ));
-                    head_sums
-                        .write(at / BLOCK_SIZE, &sums)
-                        .map_err(io_err(format!("write checksums of zeros at {at}")))?;
                     zeros = self
                         .io
                         .write_at(&head, at, zeros)
                         .await
                         .map_err(io_err(format!("zero {n} bytes at {at}")))?;
+                    if self.io.checksums() {
+                        let sums = BlockSums::from_crcs(std::iter::repeat_n(
+                            zebu_proto::sums::ZERO_BLOCK_CRC,
+                            (n / BLOCK_SIZE) as usize,
+                        ));
+                        self.stage_head_sums(&head_sums, at / BLOCK_SIZE, &sums);
+                    }
                     at += n;
                 }
                 self.chain_mut().head_extents.insert(piece, ());
@@ -865,16 +863,57 @@ impl Replica {
         Ok(n)
     }
 
-    /// fdatasyncs the head and its checksum file, in parallel (one journal commit can carry
-    /// both). Every write completed before this is durable, data and sums, when it returns.
+    /// fdatasyncs the head and its checksum file (its staged sums written first), in
+    /// parallel (one journal commit can carry both). Every write completed before this is
+    /// durable, data and sums, when it returns.
     async fn sync_head(&self) -> Result<()> {
         let (head, sums) = {
             let c = self.chain();
             (c.head_file(), c.head_sums())
         };
-        let (data, sums) = tokio::join!(self.io.sync(&head), self.io.sync(sums.data_file()));
+        let (data, sums) = tokio::join!(self.io.sync(&head), self.sync_sums(&sums));
         data.map_err(io_err("fdatasync head"))?;
-        sums.map_err(io_err("fdatasync the head's checksums"))
+        sums.map_err(io_err("write back and fdatasync the head's checksums"))
+    }
+
+    /// Writes a checksum file's staged sums into it, then fdatasyncs it: every sum stored or
+    /// staged before this call is durable when it returns. The write-back is a copy into the
+    /// page cache, inline when it is a few pages (one flush after a few writes), else on a
+    /// blocking thread.
+    async fn sync_sums(&self, sums: &Arc<SumFile>) -> std::io::Result<()> {
+        let staged = sums.staged_pages();
+        // A background write-back holds the file's writer lock: wait for it off the async
+        // threads too.
+        if staged > INLINE_WRITE_BACK || sums.background_running() {
+            let s = sums.clone();
+            tokio::task::spawn_blocking(move || s.write_back())
+                .await
+                .map_err(std::io::Error::other)??;
+        } else if staged > 0 {
+            sums.write_back()?;
+        }
+        self.io.sync(sums.data_file()).await
+    }
+
+    /// Stages the sums of a head write (`sums.rs`), and starts a background write-back when
+    /// too many pages are staged.
+    fn stage_head_sums(&self, head_sums: &Arc<SumFile>, first: u64, sums: &BlockSums) {
+        if !head_sums.stage(first, sums) {
+            return;
+        }
+        let (s, dir) = (head_sums.clone(), self.dir.clone());
+        tokio::task::spawn_blocking(move || {
+            match s.write_back() {
+                Ok(pages) => {
+                    tracing::debug!(dir = %dir.display(), pages, "staged checksums written back")
+                }
+                // They stay staged: the next flush writes them or fails.
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), "writing back staged checksums failed: {e}")
+                }
+            }
+            s.background_done();
+        });
     }
 
     /// Accepts an engine's generation: an error if lower than the highest accepted; a higher

@@ -232,7 +232,7 @@ impl Replica {
                 }
             }
         }
-        let (data, sums) = tokio::join!(self.io.sync(&c_file), self.io.sync(to_sums.data_file()));
+        let (data, sums) = tokio::join!(self.io.sync(&c_file), self.sync_sums(&to_sums));
         data.map_err(io_err("fdatasync merge target"))?;
         sums.map_err(io_err("fdatasync the merge target's checksums"))
     }
@@ -643,7 +643,7 @@ impl Replica {
             let c = self.chain();
             (c.files[&id].clone(), c.sums[&id].clone())
         };
-        let (d, s) = tokio::join!(self.io.sync(&file), self.io.sync(sums.data_file()));
+        let (d, s) = tokio::join!(self.io.sync(&file), self.sync_sums(&sums));
         d.map_err(io_err(format!("fdatasync {id}")))?;
         s.map_err(io_err(format!("fdatasync the checksums of {id}")))?;
         let f = file.clone();
