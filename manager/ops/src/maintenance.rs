@@ -92,8 +92,25 @@ impl Ops {
             }
             tokio::time::sleep(DETACH_POLL).await;
         }
-        let node = self.pick_node(volume).await?;
         let token = format!("{what}:{:08x}", rand::random::<u32>());
+        let node = self.claim_maintenance(volume, &token).await?;
+        tracing::info!(volume, node = %node, what, "attached without a frontend for an operation");
+        let result = match self.wait_maintenance_engine(volume).await {
+            Ok(engine) => {
+                let control = engine.status.control_address.unwrap_or_default();
+                op(control).await
+            }
+            Err(e) => Err(e),
+        };
+        self.release_maintenance(volume, &token, what).await;
+        result
+    }
+
+    /// Attach the detached `volume` without a frontend on a node picked for it, marked with
+    /// `token` in the [`MAINTENANCE_ANNOTATION`]; the node's name. Refused ("try again") when
+    /// someone attached it meanwhile.
+    pub(crate) async fn claim_maintenance(&self, volume: &str, token: &str) -> OpsResult<String> {
+        let node = self.pick_node(volume).await?;
         self.edit_volume(volume, |v| {
             if v.spec.node_id.is_some() {
                 return Err(OpsError::aborted(format!(
@@ -104,22 +121,26 @@ impl Ops {
             v.spec.disable_frontend = true;
             v.metadata
                 .annotations
-                .insert(MAINTENANCE_ANNOTATION.into(), token.clone());
+                .insert(MAINTENANCE_ANNOTATION.into(), token.to_string());
             Ok(())
         })
         .await?;
-        tracing::info!(volume, node = %node, what, "attached without a frontend for an operation");
-        let result = match self.wait_maintenance_engine(volume).await {
-            Ok(engine) => {
-                let control = engine.status.control_address.unwrap_or_default();
-                op(control).await
-            }
-            Err(e) => Err(e),
-        };
-        // Detach again, unless someone else took the volume over meanwhile.
+        Ok(node)
+    }
+
+    /// Detach again after an operation, whether it worked or not, unless someone else took
+    /// the volume over meanwhile (the annotation no longer holds `token`). A failure is
+    /// logged: the volume then stays attached without a frontend, annotated with why, and
+    /// `zebu volume detach` ends it.
+    pub(crate) async fn release_maintenance(&self, volume: &str, token: &str, what: &str) {
         let released = self
             .edit_volume(volume, |v| {
-                if v.metadata.annotations.get(MAINTENANCE_ANNOTATION) == Some(&token) {
+                if v.metadata
+                    .annotations
+                    .get(MAINTENANCE_ANNOTATION)
+                    .map(String::as_str)
+                    == Some(token)
+                {
                     v.spec.node_id = None;
                     v.spec.disable_frontend = false;
                     v.metadata.annotations.remove(MAINTENANCE_ANNOTATION);
@@ -130,6 +151,5 @@ impl Ops {
         if let Err(e) = released {
             tracing::warn!(volume, what, "could not detach after the operation: {e}");
         }
-        result
     }
 }

@@ -9,8 +9,9 @@
 //! - attached without a frontend (`zebu volume attach NAME --maintenance`): reverted by the
 //!   running engine; the volume stays attached that way;
 //! - detached: the operation attaches it without a frontend itself, marked with the
-//!   [`MAINTENANCE_ANNOTATION`] (`revert:<snapshot>:<token>`), waits for the engine, reverts,
-//!   and detaches again, whether the revert worked or not. The engine is the only thing that
+//!   [`MAINTENANCE_ANNOTATION`](zebu_types::names::MAINTENANCE_ANNOTATION)
+//!   (`revert:<snapshot>:<token>`), waits for the engine, reverts, and detaches again,
+//!   whether the revert worked or not. The engine is the only thing that
 //!   talks to the replicas, so there is no revert without one. If the manager stops in the
 //!   middle, the volume stays attached without a frontend, with the annotation saying why;
 //!   `zebu volume detach` ends it, and attach refuses to add a frontend while it is held.
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use zebu_proto::engine as pb;
 use zebu_types::Kind;
-use zebu_types::names::{MAINTENANCE_ANNOTATION, VOLUME_LABEL};
+use zebu_types::names::VOLUME_LABEL;
 use zebu_types::requests::{CreateSnapshot, SnapshotInfo};
 use zebu_types::resources::{Engine, EngineState, Snapshot, SnapshotSpec, SnapshotStatus};
 use zebu_types::size::ByteSize;
@@ -80,7 +81,32 @@ impl Ops {
         move |source| OpsError::Engine { volume, source }
     }
 
+    /// The volume's snapshots: the running engine's list, or, for a detached volume (no
+    /// engine to ask, and none is started for a read), its Snapshot records, oldest first.
+    /// Every snapshot is taken and deleted through this layer, which keeps the records, so
+    /// the two agree on what a person asked for; labels live only in the layer chain.
     pub async fn list_snapshots(&self, volume: &str) -> OpsResult<Vec<SnapshotInfo>> {
+        let v = self.get_volume(volume).await?;
+        if v.spec.node_id.is_none() && self.running_engine(volume).await?.is_none() {
+            let mut records = self.list_snapshot_records(Some(volume)).await?;
+            records.sort_by(|a, b| a.status.creation_time.cmp(&b.status.creation_time));
+            return Ok(records
+                .into_iter()
+                .map(|r| SnapshotInfo {
+                    name: r
+                        .metadata
+                        .annotations
+                        .get(SNAPSHOT_NAME_ANNOTATION)
+                        .cloned()
+                        .unwrap_or_else(|| r.metadata.name.clone()),
+                    parent: r.status.parent.unwrap_or_default(),
+                    user_created: r.status.user_created,
+                    created: r.status.creation_time.unwrap_or_default(),
+                    data_bytes: r.status.size.0,
+                    labels: Default::default(),
+                })
+                .collect());
+        }
         let control = self.engine_control(volume).await?;
         let s = engine_rpc::snapshot_list(&control)
             .await
@@ -148,6 +174,28 @@ impl Ops {
         };
         tracing::info!(volume, snapshot, "snapshot deleted");
         self.forget_snapshot(volume, snapshot).await?;
+        // The deleted snapshot's child now sits on its parent: the records that a detached
+        // volume's listing reads follow the chain.
+        for r in self.list_snapshot_records(Some(volume)).await? {
+            let Some(info) = r
+                .metadata
+                .annotations
+                .get(SNAPSHOT_NAME_ANNOTATION)
+                .and_then(|n| items.iter().find(|i| &i.name == n))
+            else {
+                continue;
+            };
+            let parent = (!info.parent.is_empty()).then(|| info.parent.clone());
+            if r.status.parent != parent {
+                let mut updated = r;
+                updated.status.parent = parent;
+                // The delete is done: a record left with its old parent costs only a stale
+                // parent in a detached volume's listing, not the delete.
+                if let Err(e) = self.store.update_status_as(&updated).await {
+                    tracing::warn!(volume, record = %updated.metadata.name, error = %e, "snapshot record's parent not refreshed");
+                }
+            }
+        }
         Ok(items)
     }
 
@@ -323,42 +371,14 @@ impl Ops {
                 format!("volume {volume:?} is still detaching; revert it when it is detached"),
             ));
         }
-        let node = self.pick_node(volume).await?;
         let token = format!("revert:{snapshot}:{:08x}", rand::random::<u32>());
-        self.edit_volume(volume, |v| {
-            if v.spec.node_id.is_some() {
-                return Err(OpsError::precondition(
-                    volume,
-                    format!("volume {volume:?} was attached meanwhile; try again"),
-                ));
-            }
-            v.spec.node_id = Some(node.clone());
-            v.spec.disable_frontend = true;
-            v.metadata
-                .annotations
-                .insert(MAINTENANCE_ANNOTATION.into(), token.clone());
-            Ok(())
-        })
-        .await?;
+        let node = self.claim_maintenance(volume, &token).await?;
         tracing::info!(volume, node = %node, snapshot, "attached without a frontend to revert");
         let result = match self.wait_maintenance_engine(volume).await {
             Ok(engine) => self.revert_with(volume, &engine, snapshot).await,
             Err(e) => Err(e),
         };
-        // Detach again, unless someone else took the volume over meanwhile.
-        let released = self
-            .edit_volume(volume, |v| {
-                if v.metadata.annotations.get(MAINTENANCE_ANNOTATION) == Some(&token) {
-                    v.spec.node_id = None;
-                    v.spec.disable_frontend = false;
-                    v.metadata.annotations.remove(MAINTENANCE_ANNOTATION);
-                }
-                Ok(())
-            })
-            .await;
-        if let Err(e) = released {
-            tracing::warn!(volume, "could not detach after the revert: {e}");
-        }
+        self.release_maintenance(volume, &token, "revert").await;
         result
     }
 
