@@ -97,6 +97,11 @@ struct ServeArgs {
     /// Never on the command line.
     #[arg(long)]
     secret_file: Option<std::path::PathBuf>,
+    /// Connect to the replicas over TLS, trusting only the certificates in this PEM file
+    /// (for replicas started with --tls-cert); each replica's certificate must name the
+    /// host of its --replica address (an IP address needs an IP subject alternative name).
+    #[arg(long)]
+    tls_ca: Option<std::path::PathBuf>,
     #[arg(long, value_parser = parse_size)]
     size: u64,
     /// A replica address (host:port); repeat for each replica.
@@ -274,6 +279,14 @@ async fn serve(args: ServeArgs, control: Option<String>) -> anyhow::Result<()> {
         let secret = zebu_proto::auth::Secret::load(p).context("cannot read the volume secret")?;
         zebu_engine::replicator::set_volume_secret(secret)?;
         tracing::info!("authentication on: every replica connection proves the volume's secret");
+    }
+    if let Some(p) = &args.tls_ca {
+        let tls = zebu_proto::tls::connector(p).context("cannot set up TLS to the replicas")?;
+        zebu_engine::replicator::set_replica_tls(tls)?;
+        tracing::info!(
+            "TLS on: every replica connection is TLS, checked against {}",
+            p.display()
+        );
     }
     let config = VolumeConfig {
         name: args.volume.clone(),

@@ -9,6 +9,7 @@
 //!   version [`frames::VERSION`]; same semantics as the gRPC `Data` stream, and the one
 //!   request and response type both transports decode into.
 //! - [`auth`]: how an engine proves it holds its volume's secret at the replica ports.
+//! - [`tls`]: TLS on the replica ports, an option.
 //! - [`ids`]: replica ids and request ids.
 //! - [`numbers`]: generations, epochs and flush numbers, with the checks every value from
 //!   the wire goes through.
@@ -27,6 +28,7 @@ pub mod frames;
 pub mod ids;
 pub mod numbers;
 pub mod sums;
+pub mod tls;
 
 /// The replica protocol (package `zebu.replica.v1`).
 pub mod replica {

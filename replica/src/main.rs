@@ -67,6 +67,14 @@ enum Command {
         /// command line.
         #[arg(long)]
         secret_file: Option<PathBuf>,
+        /// Serve the port over TLS only, with this certificate chain (PEM, leaf first);
+        /// needs --tls-key. Engines then need the CA that signed it (`--tls-ca`). The local
+        /// socket stays plaintext (it never leaves the host).
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The private key of --tls-cert (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
     },
     /// Print a replica's size, layer chain, generation, epoch and flush number.
     Info {
@@ -148,6 +156,8 @@ fn main() -> ExitCode {
                 cache,
                 checksums,
                 secret_file,
+                tls_cert,
+                tls_key,
             } => {
                 let config = IoConfig {
                     cache: cache.into(),
@@ -160,7 +170,13 @@ fn main() -> ExitCode {
                     }
                     None => None,
                 };
-                serve(&dir, listen, size, io.into(), config, secret).await
+                let tls = match (tls_cert, tls_key) {
+                    (Some(cert), Some(key)) => {
+                        Some(zebu_proto::tls::acceptor(&cert, &key).context("cannot set up TLS")?)
+                    }
+                    _ => None,
+                };
+                serve(&dir, listen, size, io.into(), config, secret, tls).await
             }
             Command::Info { dir, json } => print_info(&dir, json).await,
         }
@@ -183,6 +199,7 @@ async fn serve(
     io: BackendKind,
     config: IoConfig,
     secret: Option<zebu_proto::auth::Secret>,
+    tls: Option<zebu_proto::tls::TlsAcceptor>,
 ) -> anyhow::Result<()> {
     let io = IoEngine::with_config(io, config).context("cannot start the I/O engine")?;
     info!(backend = %io.backend(), cache = %io.cache(), "I/O engine ready");
@@ -192,7 +209,11 @@ async fn serve(
     if secret.is_some() {
         info!("authentication on: only clients holding the volume's secret are served");
     }
-    let server = ReplicaServer::with_secret(dir, io, replica, secret);
+    let mut server = ReplicaServer::with_secret(dir, io, replica, secret);
+    if let Some(tls) = tls {
+        info!("TLS on: the port serves TLS clients only");
+        server = server.with_tls(tls);
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;

@@ -156,6 +156,11 @@ pub enum VolumeError {
 #[error("the volume secret is already set")]
 pub struct SecretAlreadySet;
 
+/// Setting the process's TLS to the replicas twice.
+#[derive(Debug, thiserror::Error)]
+#[error("TLS to the replicas is already set")]
+pub struct TlsAlreadySet;
+
 /// A `--data-transport` value that names no transport.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown data transport '{0}' (use frames or grpc)")]

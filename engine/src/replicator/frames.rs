@@ -183,13 +183,22 @@ impl FramedDataPath {
                     tokio::spawn(read_answers(conn.clone(), rd, rest)),
                 )
             }
-            None => {
-                let (rd, wr) = welcomed.tcp.into_split();
-                (
-                    tokio::spawn(write_requests(conn.clone(), wr, rx, version)),
-                    tokio::spawn(read_answers(conn.clone(), rd, rest)),
-                )
-            }
+            None => match welcomed.tcp {
+                Stream::Tcp(s) => {
+                    let (rd, wr) = s.into_split();
+                    (
+                        tokio::spawn(write_requests(conn.clone(), wr, rx, version)),
+                        tokio::spawn(read_answers(conn.clone(), rd, rest)),
+                    )
+                }
+                Stream::Tls(s) => {
+                    let (rd, wr) = tokio::io::split(*s);
+                    (
+                        tokio::spawn(write_requests(conn.clone(), wr, rx, version)),
+                        tokio::spawn(read_answers(conn.clone(), rd, rest)),
+                    )
+                }
+            },
         };
         tracing::debug!(replica = %addr, generation = generation.0, via_local, version, "frames data path open");
         Ok(FramedDataPath {
@@ -238,8 +247,14 @@ impl FramedDataPath {
 
 /// A TCP connection whose hello was answered OK.
 struct Welcomed {
-    tcp: TcpStream,
+    tcp: Stream,
     version: u32,
+}
+
+/// A TCP connection to a replica, or TLS over one (`--tls-ca`).
+enum Stream {
+    Tcp(TcpStream),
+    Tls(Box<zebu_proto::tls::client::TlsStream<TcpStream>>),
 }
 
 /// The hello of `version` with `generation`, naming the volume from version 3 on (older
@@ -258,14 +273,27 @@ fn hello_for(version: u32, generation: Generation, claim: Option<&frames::Volume
 /// answer and the answer's message (the local socket's name, if any).
 async fn handshake(addr: &str, hello: Hello) -> Result<(Welcomed, BytesMut, String), PathError> {
     let version = hello.version;
-    let mut stream = TcpStream::connect(addr)
-        .await
-        .map_err(|e| PathError::Disconnected(format!("connect {addr}: {e}")))?;
-    // Without it, a lone request waits for the replica's delayed ACK of the previous one.
-    stream
-        .set_nodelay(true)
-        .map_err(|e| PathError::Disconnected(format!("TCP_NODELAY on {addr}: {e}")))?;
-    let (rest, message) = say_hello(&mut stream, addr, hello).await?;
+    let (stream, rest, message) = match super::client::replica_tls() {
+        None => {
+            let mut stream = TcpStream::connect(addr)
+                .await
+                .map_err(|e| PathError::Disconnected(format!("connect {addr}: {e}")))?;
+            // Without it, a lone request waits for the replica's delayed ACK of the previous
+            // one.
+            stream
+                .set_nodelay(true)
+                .map_err(|e| PathError::Disconnected(format!("TCP_NODELAY on {addr}: {e}")))?;
+            let (rest, message) = say_hello(&mut stream, addr, hello).await?;
+            (Stream::Tcp(stream), rest, message)
+        }
+        Some(tls) => {
+            let mut stream = super::client::tls_connect(tls, addr)
+                .await
+                .map_err(|e| PathError::Disconnected(format!("connect {addr}: {e}")))?;
+            let (rest, message) = say_hello(&mut stream, addr, hello).await?;
+            (Stream::Tls(Box::new(stream)), rest, message)
+        }
+    };
     Ok((
         Welcomed {
             tcp: stream,

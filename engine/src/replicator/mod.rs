@@ -63,9 +63,9 @@ mod start;
 
 pub use client::{
     ControlClient, DataPath, DataTransport, GrpcDataPath, PathError, connect_channel,
-    control_client, open_data_path, set_volume_secret,
+    control_client, open_data_path, set_replica_tls, set_volume_secret,
 };
-pub use error::{SecretAlreadySet, UnknownTransport, VolumeError};
+pub use error::{SecretAlreadySet, TlsAlreadySet, UnknownTransport, VolumeError};
 pub use frames::FramedDataPath;
 pub use rangelock::RangeLock;
 pub use rebuild::RebuildStatus;

@@ -3,8 +3,11 @@
 //! differ; `ZEBU_WRITE_OPENAPI=1 cargo test -p zebu-api` rewrites the file).
 //!
 //! The operations are listed by hand in [`operations`], in the order of the route tables in
-//! `lib.rs`, `backup.rs` and `standby.rs` (`manager/tests/openapi.rs` calls every path the
-//! document names on a running `zebu up` and fails on one the router does not know); the schemas are
+//! `lib.rs`, `backup.rs`, `standby.rs` and `recurring.rs`. Both directions are checked: a unit
+//! test below reads the route tables of this crate's sources and fails on a method and path
+//! the router serves that the document lacks (or the other way round), and
+//! `manager/tests/openapi.rs` calls every path the document names on a running `zebu up` and
+//! fails on one the router does not know. The schemas are
 //! generated from the Rust types the handlers decode and encode (schemars, in OpenAPI 3.0
 //! form), so a field added to a type is in the document without anyone writing it there.
 //!
@@ -17,12 +20,15 @@ use serde_json::{Map, Value, json};
 use zebu_types::requests::backup::{
     CreateBackup, GcReportLine, RestoreBackup, SetBackupTarget, VerifyReport,
 };
+use zebu_types::requests::recurring::CreateRecurringJob;
 use zebu_types::requests::standby::CreateStandby;
 use zebu_types::requests::{
     AttachVolume, Capacity, CreateSnapshot, CreateVolume, ExpandVolume, Items, SnapshotInfo,
     StartScrub,
 };
-use zebu_types::resources::{Backup, BackupTarget, Node, ScrubInfo, Snapshot, Volume};
+use zebu_types::resources::{
+    Backup, BackupTarget, Node, RecurringJob, ScrubInfo, Snapshot, Volume,
+};
 
 /// A body or answer: a generated schema, or one written here.
 #[derive(Clone, Copy)]
@@ -44,6 +50,20 @@ fn deleted<T: JsonSchema>(g: &mut SchemaGenerator) -> Value {
         "required": ["deleted", "object"],
         "properties": { "deleted": { "type": "boolean" }, "object": object },
     })
+}
+
+/// `{"deleted": true}`: what deleting a recurring job answers.
+fn deleted_flag(_: &mut SchemaGenerator) -> Value {
+    json!({
+        "type": "object",
+        "required": ["deleted"],
+        "properties": { "deleted": { "type": "boolean" } },
+    })
+}
+
+/// The document itself: an OpenAPI 3.0 object, not described further here.
+fn any_object(_: &mut SchemaGenerator) -> Value {
+    json!({ "type": "object" })
 }
 
 fn population(_: &mut SchemaGenerator) -> Value {
@@ -249,6 +269,15 @@ fn operations() -> Vec<Op> {
             ..op("get", "/v1/nodes", "listNodes", "List nodes")
         },
         Op {
+            answer: Of(any_object),
+            ..op(
+                "get",
+                "/v1/openapi.json",
+                "getOpenApi",
+                "This document (OpenAPI 3.0)",
+            )
+        },
+        Op {
             answer: Of(of::<BackupTarget>),
             ..op(
                 "get",
@@ -340,6 +369,44 @@ fn operations() -> Vec<Op> {
                 "/v1/volumes/{name}/activate",
                 "activateStandby",
                 "End standby mode",
+            )
+        },
+        Op {
+            answer: Of(of::<Items<RecurringJob>>),
+            ..op(
+                "get",
+                "/v1/recurringjobs",
+                "listRecurringJobs",
+                "List recurring jobs, by name",
+            )
+        },
+        Op {
+            body: Of(of::<CreateRecurringJob>),
+            status: 201,
+            answer: Of(of::<RecurringJob>),
+            ..op(
+                "post",
+                "/v1/recurringjobs",
+                "createRecurringJob",
+                "Schedule snapshots or backups of some volumes",
+            )
+        },
+        Op {
+            answer: Of(of::<RecurringJob>),
+            ..op(
+                "get",
+                "/v1/recurringjobs/{name}",
+                "getRecurringJob",
+                "One recurring job and its status",
+            )
+        },
+        Op {
+            answer: Of(deleted_flag),
+            ..op(
+                "delete",
+                "/v1/recurringjobs/{name}",
+                "deleteRecurringJob",
+                "Delete a recurring job (what it took stays)",
             )
         },
     ]
@@ -466,6 +533,8 @@ pub fn document_text() -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     const CHECKED_IN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json");
@@ -481,6 +550,87 @@ mod tests {
             file == now,
             "manager/api/openapi.json is not the API's document; run \
              ZEBU_WRITE_OPENAPI=1 cargo test -p zebu-api openapi, and review the diff"
+        );
+    }
+
+    /// The `(method, path)` pairs of every `.route(...)` call in this crate's sources: the
+    /// route tables the router is built from (axum cannot list a router's routes).
+    fn routed() -> BTreeSet<(String, String)> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+        let mut found = BTreeSet::new();
+        for e in std::fs::read_dir(dir).expect("the crate's src directory") {
+            let path = e.expect("a directory entry").path();
+            if path.extension().is_none_or(|x| x != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("a source file");
+            for call in text.split(".route(").skip(1) {
+                // A route table's call names its path first (this file's own mentions of
+                // the call, here, do not).
+                if !call.trim_start().starts_with("\"/") {
+                    continue;
+                }
+                // The call's arguments: up to the parenthesis that closes `.route(`.
+                let mut depth = 1;
+                let end = call
+                    .char_indices()
+                    .find(|&(_, c)| {
+                        depth += match c {
+                            '(' => 1,
+                            ')' => -1,
+                            _ => 0,
+                        };
+                        depth == 0
+                    })
+                    .map(|(i, _)| i)
+                    .expect("a closed .route( call");
+                let args = &call[..end];
+                let route = args.split('"').nth(1).expect("a path literal").to_string();
+                let tail = &args[args.find(',').expect("a method router")..];
+                let mut methods = 0;
+                for m in ["get", "post", "put", "delete", "patch"] {
+                    let call = format!("{m}(");
+                    let calls = tail.match_indices(&call).filter(|&(i, _)| {
+                        !tail[..i]
+                            .chars()
+                            .next_back()
+                            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+                    });
+                    for _ in calls {
+                        found.insert((m.to_string(), route.clone()));
+                        methods += 1;
+                    }
+                }
+                assert!(methods > 0, "no method found for route {route} in {path:?}");
+            }
+        }
+        found
+    }
+
+    /// A route served but not documented (or documented but not served) fails here, before
+    /// any cluster runs: the document is written by hand (module docs).
+    #[test]
+    fn the_document_has_every_route_of_the_router_and_no_other() {
+        let routed = routed();
+        assert!(
+            routed.len() >= 34,
+            "only {} routes read from the sources: the scan is broken",
+            routed.len()
+        );
+        let documented: BTreeSet<(String, String)> = paths()
+            .into_iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        let undocumented: Vec<_> = routed.difference(&documented).collect();
+        let unrouted: Vec<_> = documented.difference(&routed).collect();
+        assert!(
+            undocumented.is_empty(),
+            "routes the router serves but the OpenAPI document lacks (add them to \
+             `operations` in openapi.rs): {undocumented:?}"
+        );
+        assert!(
+            unrouted.is_empty(),
+            "operations in the OpenAPI document that no route serves: {unrouted:?}"
         );
     }
 

@@ -124,6 +124,8 @@ struct Shared {
 #[derive(Clone)]
 pub struct ReplicaServer {
     shared: Arc<Shared>,
+    /// Set: the port serves TLS only (`zebu_proto::tls`; `listen.rs`).
+    tls: Option<zebu_proto::tls::TlsAcceptor>,
 }
 
 /// A read guard on the state together with the open replica it holds.
@@ -195,7 +197,15 @@ impl ReplicaServer {
                     PORT_BYTES_RECEIVING,
                 ))),
             }),
+            tls: None,
         }
+    }
+
+    /// Serves the port over TLS only, with this certificate (`zebu_proto::tls`): clients
+    /// that do not start a TLS handshake are dropped.
+    pub fn with_tls(mut self, acceptor: zebu_proto::tls::TlsAcceptor) -> ReplicaServer {
+        self.tls = Some(acceptor);
+        self
     }
 
     /// The tonic service, with the message size limits set and, with a secret, every call's
