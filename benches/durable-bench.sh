@@ -97,7 +97,16 @@ start_zebu() {
     pid=$!
     server_pids=("$pid" "${server_pids[@]}")
     wait_line "$work/engine.out" "ready" "$pid" >/dev/null
+    engine_control=$(wait_line "$work/engine.out" "control " "$pid")
     nbdcopy --flush "$work/seed.img" "nbd://127.0.0.1:$port/bench"
+}
+
+# engine_counters BIN_DIR: the engine's write and flush time counters (`pathtime.rs`; absent
+# in builds before them), as one JSON object.
+engine_counters() {
+    "$1/zebu-engine" --control "$engine_control" --json info 2>/dev/null |
+        python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin).get("dataPath")))' ||
+        echo null
 }
 
 stop_server() {
@@ -114,15 +123,32 @@ record() {
     python3 - "$@" >>"$results" <<'PY'
 import json, sys
 target, rnd, path, streams = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+before, after = (json.loads(a) if a else None for a in (sys.argv[5:7] + ["", ""])[:2])
 text = open(path).read()
 jobs = json.loads(text[text.index("{"):])["jobs"]
 iops = sum(j["write"]["iops"] for j in jobs)
+def engine_means(before, after):
+    # Mean µs per request of each step over the fio run (the fill's requests taken out).
+    if not before or not after:
+        return None
+    out = {}
+    for kind in ("writes", "flushes"):
+        b, a = before.get(kind) or {}, after.get(kind) or {}
+        n = a.get("count", 0) - b.get("count", 0)
+        if n <= 0:
+            continue
+        d = lambda k: (a.get(k, 0) - b.get(k, 0)) / n / 1000
+        out[kind] = {"count": n, "frontend_us": d("frontendNs"), "replicator_us": d("replicatorNs"),
+                     "transport_us": d("transportNs")}
+    out["flushes_shared"] = after.get("flushesShared", 0) - before.get("flushesShared", 0)
+    return out
 def p50(side):
     ns = side.get("lat_ns", {}).get("percentile", {}).get("50.000000")
     return None if ns is None else ns / 1000
 print(json.dumps({
     "target": target, "round": rnd, "iops": iops, "iops_per_stream": iops / streams,
     "write_p50_us": p50(jobs[0]["write"]), "sync_p50_us": p50(jobs[0].get("sync", {})),
+    "engine": engine_means(before, after),
 }))
 PY
 }
@@ -146,11 +172,15 @@ run_target() {
             ;;
         zebu-3r | prev-3r)
             port=$(free_port)
-            if [[ $target == zebu-3r ]]; then start_zebu "$zebu_bin" "$port"; else start_zebu "$PREV_BIN_DIR" "$port"; fi
+            local bin=$zebu_bin before after
+            [[ $target == prev-3r ]] && bin=$PREV_BIN_DIR
+            start_zebu "$bin" "$port"
+            before=$(engine_counters "$bin")
             fio --name="$target" --ioengine=nbd "--uri=nbd://127.0.0.1:$port/bench" \
                 "--size=$size" "${fio_common[@]}" --output="$json" >/dev/null
+            after=$(engine_counters "$bin")
             stop_server
-            record "$target" "$rnd" "$json" 1
+            record "$target" "$rnd" "$json" 1 "$before" "$after"
             ;;
         *) log "unknown target $target"; exit 2 ;;
     esac
@@ -213,6 +243,14 @@ if z is not None and "prev-3r" in summary:
     goal("zebu-3r IOPS >= 2 x prev-3r", z, 2 * summary["prev-3r"]["iops_per_stream"])
 if z is not None and "file-x3" in summary:
     goal("zebu-3r IOPS >= 0.4 x file-x3 per stream", z, 0.4 * summary["file-x3"]["iops_per_stream"])
+for t in targets:
+    eng = [r["engine"] for r in rows if r["target"] == t and r.get("engine")]
+    for kind in ("writes", "flushes"):
+        es = [e[kind] for e in eng if kind in e]
+        if es:
+            m = lambda k: statistics.median(e[k] for e in es)
+            print(f"{t} engine {kind}: mean µs frontend {m('frontend_us'):.0f}, replicator "
+                  f"{m('replicator_us'):.0f} (of it waiting for the replicas {m('transport_us'):.0f})")
 for g in goals:
     print(f'{"PASS" if g["pass"] else "FAIL"}  {g["goal"]}: {g["value"]:.0f} (limit {g["limit"]:.0f})')
 print(f"load average: start {load_start}, end {load_end}; {runtime} s per row")

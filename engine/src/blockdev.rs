@@ -43,6 +43,11 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn unmap(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<(), BlockError>>;
     /// Makes every write acknowledged before it durable.
     fn flush(&self) -> BoxFuture<'_, Result<(), BlockError>>;
+    /// Where the device counts the time of writes and flushes (`pathtime.rs`), for the
+    /// frontend to add its own part; `None` for devices that keep no counters.
+    fn path_counters(&self) -> Option<&crate::pathtime::PathCounters> {
+        None
+    }
 }
 
 /// A device held in memory, for frontend tests.

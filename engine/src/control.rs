@@ -55,7 +55,19 @@ impl ControlService {
             pb::VolumeState::Degraded
         };
         let integrity = self.volume.integrity();
+        let path = self.volume.path_totals();
+        let spans = |t: crate::pathtime::SpanTotals| pb::PathSpans {
+            count: t.count,
+            frontend_ns: t.frontend_ns,
+            replicator_ns: t.replicator_ns,
+            transport_ns: t.transport_ns,
+        };
         pb::VolumeInfo {
+            data_path: Some(pb::DataPathCounters {
+                writes: Some(spans(path.writes)),
+                flushes: Some(spans(path.flushes)),
+                flushes_shared: path.flushes_shared,
+            }),
             integrity: Some(pb::IntegrityCounters {
                 corrupt_reads: integrity.corrupt_reads,
                 repaired_blocks: integrity.repaired_blocks,

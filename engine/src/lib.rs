@@ -31,6 +31,7 @@ pub mod control;
 pub mod heap;
 pub mod iscsi;
 pub mod nbd;
+pub mod pathtime;
 pub mod replicator;
 mod sockio;
 pub mod workload;

@@ -531,6 +531,14 @@ fn print_info(i: &pb::VolumeInfo, json: bool, replicas_only: bool) {
     let g = i.integrity.unwrap_or_default();
     let integrity = serde_json::json!({"corruptReads": g.corrupt_reads,
         "repairedBlocks": g.repaired_blocks, "unrecoverableBlocks": g.unrecoverable_blocks});
+    let p = i.data_path.unwrap_or_default();
+    let spans = |s: Option<pb::PathSpans>| {
+        let s = s.unwrap_or_default();
+        serde_json::json!({"count": s.count, "frontendNs": s.frontend_ns,
+            "replicatorNs": s.replicator_ns, "transportNs": s.transport_ns})
+    };
+    let data_path = serde_json::json!({"writes": spans(p.writes), "flushes": spans(p.flushes),
+        "flushesShared": p.flushes_shared});
     let reps: Vec<serde_json::Value> = i
         .replicas
         .iter()
@@ -543,7 +551,7 @@ fn print_info(i: &pb::VolumeInfo, json: bool, replicas_only: bool) {
             serde_json::json!({
                 "name": i.name, "size": i.size, "state": i.state, "generation": i.generation, "epoch": i.epoch,
                 "members": i.members, "flushNumber": i.flush_number, "replicas": reps,
-                "integrity": integrity,
+                "integrity": integrity, "dataPath": data_path,
                 "frontends": i.frontends.iter().map(|f| serde_json::json!({"kind": f.kind, "endpoint": f.endpoint})).collect::<Vec<_>>(),
             })
         };
@@ -560,6 +568,19 @@ fn print_info(i: &pb::VolumeInfo, json: bool, replicas_only: bool) {
             "checksums: {} corrupt reads, {} blocks repaired, {} blocks unrecoverable",
             g.corrupt_reads, g.repaired_blocks, g.unrecoverable_blocks
         );
+        let p = i.data_path.unwrap_or_default();
+        for (what, s) in [("writes", p.writes), ("flushes", p.flushes)] {
+            let s = s.unwrap_or_default();
+            let avg = |ns: u64| ns / s.count.max(1) / 1000;
+            println!(
+                "{what}: {} (mean µs: frontend {}, replicator {}, of it transport {})",
+                s.count,
+                avg(s.frontend_ns),
+                avg(s.replicator_ns),
+                avg(s.transport_ns)
+            );
+        }
+        println!("flushes shared (group commit): {}", p.flushes_shared);
         for f in &i.frontends {
             println!("frontend {} {}", f.kind, f.endpoint);
         }

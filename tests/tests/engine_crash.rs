@@ -12,7 +12,7 @@ use nix::sys::signal::{Signal, kill};
 use zebu_engine::blockdev::BlockDevice;
 use zebu_engine::workload::{self, Expect, RunId, StopAfter, WorkloadConfig};
 use zebu_tests::engine::{
-    Background, Cluster, assert_clean_run, assert_verified, busy_workload, mode_in,
+    Background, Cluster, Fingerprint, assert_clean_run, assert_verified, busy_workload, mode_in,
 };
 use zebu_tests::test_seed;
 
@@ -201,5 +201,107 @@ async fn stale_replica_is_never_a_source() -> anyhow::Result<()> {
     );
     assert_eq!(info.state, "healthy");
     assert_verified("after the catch-up", &dev, &model, Expect::Exact).await;
+    Ok(())
+}
+
+/// Issue 19's crash loop for the durable path: kill -9 of every replica and the engine at a
+/// random moment while a flush-heavy verified workload runs (a flush after every 2 writes at
+/// QD 16, so flushes overlap and share one another's replica flush: the engine's group
+/// commit), round after round on the same directories. After each restart every flushed write
+/// reads back, and the three replicas hold the same CRC32C for every block of the volume (no
+/// two disagree after reconciliation). `ZEBU_CRASH_ROUNDS` sets the rounds (the issue asks for
+/// at least 50; the default keeps CI short).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_of_everything_during_flush_heavy_writes_keeps_every_flushed_write()
+-> anyhow::Result<()> {
+    const SIZE: u64 = 64 * MIB;
+    let rounds: usize = std::env::var("ZEBU_CRASH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let seed = test_seed();
+    let mut c = Cluster::start("flush-crash", SIZE)?;
+    let mut rng = seed | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let config = |seed: u64| WorkloadConfig {
+        queue_depth: 16,
+        flush_every: Some(2),
+        final_flush: false,
+        ..busy_workload(seed)
+    };
+    let mut model = config(seed).new_model(SIZE, RunId::random())?;
+    let mut shared = 0;
+    for round in 0..rounds {
+        let dev = c.engine().nbd_client().await?;
+        let bg = Background::spawn(dev, model, config(seed.wrapping_add(round as u64)));
+        tokio::time::sleep(Duration::from_millis(400 + next() % 1200)).await;
+        let counters = c.engine().info().await?.data_path.unwrap_or_default();
+        shared += counters.flushes_shared;
+        // SIGKILL to every process before reaping any, so none outlives the others.
+        let _ = kill(c.engine().pid(), Signal::SIGKILL);
+        for i in 0..3 {
+            let _ = kill(c.replica(i).pid(), Signal::SIGKILL);
+        }
+        c.engine_mut().kill9();
+        for i in 0..3 {
+            c.kill_replica(i);
+        }
+        let (mut m, report, _dev) = bg.stop().await?;
+        assert!(
+            report.bad_reads.is_empty(),
+            "round {round}: wrong reads before the crash: {:?}",
+            report.bad_reads
+        );
+        for i in 0..3 {
+            c.restart_replica(i)?;
+        }
+        c.start_engine()
+            .map_err(|e| anyhow::anyhow!("round {round}: engine restart: {e}"))?;
+        let info = c.engine().info().await?;
+        assert_eq!(info.state, "healthy", "round {round}: {info:?}");
+        let dev = c.engine().nbd_client().await?;
+        let checked =
+            assert_verified(&format!("round {round}"), &dev, &m, Expect::AfterCrash).await;
+        for (block, found) in checked.found {
+            m.settle(block, found);
+        }
+        model = m;
+        // The engine is idle (this client writes nothing): the replicas must agree.
+        let prints = [
+            Fingerprint::of(c.addrs[0]).await?,
+            Fingerprint::of(c.addrs[1]).await?,
+            Fingerprint::of(c.addrs[2]).await?,
+        ];
+        for i in 1..3 {
+            let differing: Vec<usize> = prints[0]
+                .volume_crcs
+                .iter()
+                .zip(&prints[i].volume_crcs)
+                .enumerate()
+                .filter(|(_, (a, b))| a != b)
+                .map(|(b, _)| b)
+                .take(10)
+                .collect();
+            assert!(
+                differing.is_empty() && prints[0].volume_crcs.len() == prints[i].volume_crcs.len(),
+                "round {round}: replicas 0 and {i} disagree on blocks {differing:?}"
+            );
+        }
+        dev.disconnect().await;
+        eprintln!(
+            "round {round}: {} writes, {} flushes before the kill ({} flushes shared so far); \
+             every flushed write read back, replicas agree",
+            report.writes, report.flushes, counters.flushes_shared
+        );
+    }
+    assert!(
+        shared > 0,
+        "no flush was ever shared: the workload did not exercise group commit"
+    );
     Ok(())
 }

@@ -548,14 +548,26 @@ impl<'d> Conn<'d> {
             }
             let dev = self.dev;
             let cookie = h.cookie;
+            // The frontend's part of a write or flush (`pathtime.rs`): from here to the
+            // reply being queued, less the device call.
+            let parsed = std::time::Instant::now();
+            let timed = match op {
+                Op::Write { .. } => dev.path_counters().map(|c| &c.writes),
+                Op::Flush => dev.path_counters().map(|c| &c.flushes),
+                _ => None,
+            };
             self.running.push(Box::pin(async move {
-                let (error, data) = match op.execute(dev).await {
+                let mut device = std::time::Duration::ZERO;
+                let (error, data) = match op.execute(dev, &mut device).await {
                     Ok(data) => (0, data),
                     Err((errno, e)) => {
                         tracing::warn!(cookie, error = %e, "nbd request failed");
                         (errno as u32, None)
                     }
                 };
+                if let Some(spans) = timed {
+                    spans.frontend(parsed.elapsed().saturating_sub(device));
+                }
                 Done {
                     cookie,
                     error,
@@ -743,7 +755,12 @@ enum Op {
 }
 
 impl Op {
-    async fn execute(self, dev: &dyn BlockDevice) -> Result<Option<Bytes>, (NbdErrno, BlockError)> {
+    /// Runs the request; `device` gets the time spent in the device's write and flush calls.
+    async fn execute(
+        self,
+        dev: &dyn BlockDevice,
+        device: &mut std::time::Duration,
+    ) -> Result<Option<Bytes>, (NbdErrno, BlockError)> {
         let fua = match self {
             Op::Read { offset, len } => {
                 let data = dev.read(offset, len).await.map_err(errno)?;
@@ -760,7 +777,10 @@ impl Op {
                 return Ok(Some(data));
             }
             Op::Write { offset, data, fua } => {
-                dev.write(offset, data).await.map_err(errno)?;
+                let t = std::time::Instant::now();
+                let res = dev.write(offset, data).await;
+                *device += t.elapsed();
+                res.map_err(errno)?;
                 fua
             }
             Op::Flush => true,
@@ -794,7 +814,10 @@ impl Op {
             }
         };
         if fua {
-            dev.flush().await.map_err(errno)?;
+            let t = std::time::Instant::now();
+            let res = dev.flush().await;
+            *device += t.elapsed();
+            res.map_err(errno)?;
         }
         Ok(None)
     }

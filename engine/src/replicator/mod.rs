@@ -84,6 +84,7 @@ use zebu_proto::replica as pb;
 use zebu_proto::sums::BlockSums;
 
 use crate::blockdev::{BlockDevice, BlockError, BoxFuture};
+use crate::pathtime::{PathCounters, PathTotals};
 
 /// The largest piece one replica request carries; larger I/O is split.
 const MAX_PIECE: u64 = pb::MAX_IO_BYTES;
@@ -218,7 +219,17 @@ pub struct Volume {
     membership: tokio::sync::Mutex<Membership>,
     membership_dirty: AtomicBool,
     flush_number: AtomicU64,
+    /// Held by the flush under way; flushes that arrive meanwhile wait here and share the
+    /// next one (group commit, [`Volume::flush_all`]).
     flush_lock: tokio::sync::Mutex<()>,
+    /// Flush requests ever taken: each caller of [`Volume::flush_all`] takes the next ticket
+    /// on arrival.
+    flush_tickets: AtomicU64,
+    /// The highest ticket a completed flush covers: every flush that took a ticket up to
+    /// this one arrived before a flush that has since succeeded was sent.
+    flush_covered: AtomicU64,
+    /// The time of writes and flushes, per step (`pathtime.rs`).
+    path: PathCounters,
     rebuild: Mutex<RebuildStatus>,
     /// Serialises control operations (snapshots, rebuilds, expand).
     ops: tokio::sync::Mutex<()>,
@@ -267,6 +278,11 @@ impl Volume {
 
     pub fn flush_number(&self) -> FlushNumber {
         FlushNumber(self.flush_number.load(Ordering::Acquire))
+    }
+
+    /// The write and flush time counters (`pathtime.rs`), for `Info`.
+    pub fn path_totals(&self) -> PathTotals {
+        self.path.totals()
     }
 
     /// How many requests (reads, writes, unmaps, flushes, rebuild copies) the volume has
@@ -365,6 +381,7 @@ impl Volume {
         }
         let id = self.next_id();
         let timeout = self.config.io_timeout;
+        let sent = std::time::Instant::now();
         // One replica (the common single-replica volume, or a degraded one): no join and
         // no vector of results to allocate per request.
         let single;
@@ -379,6 +396,11 @@ impl Volume {
             &mut joined.into_iter()
         };
         let results: Vec<Result<(), PathError>> = results.collect();
+        match what {
+            "write" => self.path.writes.transport(sent.elapsed()),
+            "flush" => self.path.flushes.transport(sent.elapsed()),
+            _ => {}
+        }
         // A request every replica refuses (out of range, too large, disk full) is the
         // request's failure, not the replicas': none of them changed, none is failed, and the
         // client gets the refusal (ENOSPC for a full disk). Only when some replica took it do
@@ -546,9 +568,32 @@ impl Volume {
             .cloned()
     }
 
-    /// Flushes every RW and WO replica under the next flush number.
+    /// Flushes every RW and WO replica under the next flush number: every write acknowledged
+    /// before this call is durable on every replica that stays RW when it returns Ok.
+    ///
+    /// Group commit: one flush runs at a time; the callers that arrive while it runs wait,
+    /// and the first of them to get the lock sends one flush for all of them. A caller
+    /// whose ticket a completed flush covers returns at once. Why that is enough: a caller's
+    /// writes were acknowledged before it took its ticket, and a flush covers every ticket
+    /// taken before it was sent (the sender reads the ticket count after taking the lock,
+    /// before sending), so those writes had completed on every replica before the flush
+    /// reached them. A failed flush covers nobody: each waiter then tries its own.
     pub async fn flush_all(&self) -> Result<(), BlockError> {
+        let started = std::time::Instant::now();
+        let ticket = self.flush_tickets.fetch_add(1, Ordering::AcqRel) + 1;
+        let res = self.flush_group(ticket).await;
+        self.path.flushes.device_call(started.elapsed());
+        res
+    }
+
+    async fn flush_group(&self, ticket: u64) -> Result<(), BlockError> {
         let _f = self.flush_lock.lock().await;
+        if self.flush_covered.load(Ordering::Acquire) >= ticket {
+            self.path.flush_shared();
+            return Ok(());
+        }
+        // Every ticket up to here was taken before this flush is sent.
+        let covers = self.flush_tickets.load(Ordering::Acquire);
         let number = self
             .flush_number()
             .checked_next()
@@ -559,6 +604,7 @@ impl Volume {
         })
         .await?;
         self.flush_number.store(number.0, Ordering::Release);
+        self.flush_covered.fetch_max(covers, Ordering::AcqRel);
         Ok(())
     }
 
@@ -791,16 +837,10 @@ impl BlockDevice for Volume {
     fn write(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), BlockError>> {
         Box::pin(async move {
             self.check_range(offset, data.len() as u64)?;
-            let pieces = pieces(offset, data.len() as u64);
-            if pieces.len() == 1 {
-                return self.write_piece(offset, data).await;
-            }
-            for (at, n) in pieces {
-                let from = (at - offset) as usize;
-                self.write_piece(at, data.slice(from..from + n as usize))
-                    .await?;
-            }
-            Ok(())
+            let started = std::time::Instant::now();
+            let res = self.write_pieces(offset, data).await;
+            self.path.writes.device_call(started.elapsed());
+            res
         })
     }
 
@@ -814,6 +854,25 @@ impl BlockDevice for Volume {
 
     fn flush(&self) -> BoxFuture<'_, Result<(), BlockError>> {
         Box::pin(self.flush_all())
+    }
+
+    fn path_counters(&self) -> Option<&PathCounters> {
+        Some(&self.path)
+    }
+}
+
+impl Volume {
+    async fn write_pieces(&self, offset: u64, data: Bytes) -> Result<(), BlockError> {
+        let pieces = pieces(offset, data.len() as u64);
+        if pieces.len() == 1 {
+            return self.write_piece(offset, data).await;
+        }
+        for (at, n) in pieces {
+            let from = (at - offset) as usize;
+            self.write_piece(at, data.slice(from..from + n as usize))
+                .await?;
+        }
+        Ok(())
     }
 }
 

@@ -92,6 +92,10 @@ struct State {
     in_flight: BTreeMap<u64, usize>,
     /// Pages changed in memory but not yet persisted.
     unpersisted: BTreeSet<u64>,
+    /// Pages a commit has taken from `unpersisted` and not yet fdatasync'ed. A write to a
+    /// region on one of these pages (or on an unpersisted one) finds its mark in memory but
+    /// not yet on disk, so it waits for the commit like the write that set the mark.
+    persisting: BTreeSet<u64>,
     header_seq: u64,
     /// How many flushes ahead new marks go (see the module comment).
     ahead: u64,
@@ -273,6 +277,7 @@ impl Regions {
                 pending: flushed + 1,
                 in_flight: BTreeMap::new(),
                 unpersisted: BTreeSet::new(),
+                persisting: BTreeSet::new(),
                 header_seq: seq,
                 ahead: LOOKAHEAD,
                 window_flushes: 0,
@@ -322,9 +327,14 @@ impl Regions {
             let mut need = false;
             let mark = tag + st.ahead;
             for r in first..=last.min(st.last_flush.len() as u64 - 1) {
+                let page = r / PER_PAGE;
                 if st.last_flush[r as usize] < tag {
                     st.last_flush[r as usize] = mark;
-                    st.unpersisted.insert(r / PER_PAGE);
+                    st.unpersisted.insert(page);
+                    need = true;
+                } else if st.unpersisted.contains(&page) || st.persisting.contains(&page) {
+                    // Marked in memory by another write whose commit has not completed: the
+                    // mark is not durable yet, so this write waits for it too.
                     need = true;
                 }
             }
@@ -340,12 +350,16 @@ impl Regions {
         Ok(ticket)
     }
 
-    /// Writes every unpersisted page and fdatasyncs once (group commit).
+    /// Writes every unpersisted page and fdatasyncs once (group commit). A writer that
+    /// finds nothing left to write waited for the committer lock behind the commit that took
+    /// its pages, which has completed: its mark is durable (or, had that commit failed, its
+    /// pages would be back in `unpersisted` and written here).
     async fn persist_pages(&self) -> Result<()> {
         let _guard = self.committer.lock().await;
         let pages: Vec<(u64, Vec<u8>)> = {
             let mut st = self.lock();
             let pages = std::mem::take(&mut st.unpersisted);
+            st.persisting.extend(pages.iter().copied());
             pages
                 .into_iter()
                 .map(|p| {
@@ -363,19 +377,28 @@ impl Regions {
         if pages.is_empty() {
             return Ok(()); // another writer's commit covered ours
         }
-        let file = self
-            .file
-            .try_clone()
-            .map_err(|e| ReplicaError::io("dup regions.dat", e))?;
-        let res = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            for (p, b) in &pages {
-                file.write_all_at(b, (HEADER_PAGES + p) * PAGE)?;
-            }
-            file.sync_data()
-        })
-        .await
-        .map_err(|e| ReplicaError::io("regions commit task", std::io::Error::other(e)))?;
-        res.map_err(|e| ReplicaError::io("persist regions.dat", e))
+        let taken: Vec<u64> = pages.iter().map(|(p, _)| *p).collect();
+        let res = match self.file.try_clone() {
+            Err(e) => Err(ReplicaError::io("dup regions.dat", e)),
+            Ok(file) => tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                for (p, b) in &pages {
+                    file.write_all_at(b, (HEADER_PAGES + p) * PAGE)?;
+                }
+                file.sync_data()
+            })
+            .await
+            .map_err(|e| ReplicaError::io("regions commit task", std::io::Error::other(e)))
+            .and_then(|r| r.map_err(|e| ReplicaError::io("persist regions.dat", e))),
+        };
+        let mut st = self.lock();
+        for p in &taken {
+            st.persisting.remove(p);
+        }
+        if res.is_err() {
+            // Not durable: the next write to these regions must try again.
+            st.unpersisted.extend(taken);
+        }
+        res
     }
 
     /// Starts flush `number` (0: the next number): new writes get the following tag. Returns
@@ -526,6 +549,37 @@ mod tests {
         r.complete_flush(n).await.expect("complete");
         assert_eq!(r.dirty(), vec![0], "the later write keeps region 0 dirty");
         drop(later);
+    }
+
+    /// Two writes to one unmarked region: the second finds the mark the first set in memory,
+    /// and must still wait until the first one's commit has made it durable (it used to
+    /// return at once and could write its data before the mark was on disk).
+    #[tokio::test]
+    async fn a_write_waits_for_a_mark_another_write_is_still_persisting() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(REGIONS);
+        let r = Regions::create(&path, 8 << 20, MIB).expect("create");
+        let first = r.begin_write(0..4096);
+        tokio::pin!(first);
+        // Polled once: the mark is set in memory and its commit is under way.
+        assert!(futures::poll!(first.as_mut()).is_pending());
+        assert!(r.lock().last_flush[0] >= 1, "the mark is set in memory");
+        let second = r.begin_write(4096..8192);
+        tokio::pin!(second);
+        assert!(
+            futures::poll!(second.as_mut()).is_pending(),
+            "the second write returned before the mark it relies on was durable"
+        );
+        let a = first.await.expect("first");
+        let b = second.await.expect("second");
+        // Both returned only once the mark was on disk: a reopen (as after a crash) sees it.
+        let again = Regions::open(&path, 8 << 20, MIB).expect("open");
+        assert_eq!(again.dirty(), vec![0]);
+        drop((a, b));
+        // A third write to the marked, persisted region costs nothing.
+        let third = r.begin_write(8192..12288);
+        tokio::pin!(third);
+        assert!(futures::poll!(third.as_mut()).is_ready());
     }
 
     #[tokio::test]

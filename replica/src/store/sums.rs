@@ -103,7 +103,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -198,6 +198,11 @@ pub struct SumFile {
     /// Buffered; a `DataFile` so the I/O back end can fdatasync it like a layer.
     file: Arc<DataFile>,
     staged: Mutex<Staged>,
+    /// Pages in `staged` (both maps), set under its lock whenever they change: a reader that
+    /// finds 0 skips the lock, so reads of a layer with nothing staged (every snapshot, and
+    /// the head after a flush) never touch it. A reader that must see a staged sum started
+    /// after the write that staged it returned, so it sees this count raised too.
+    staged_count: AtomicUsize,
     /// Held by every write into the file (write-backs and direct writes), so that an older
     /// sum never lands over a newer one.
     writer: Mutex<()>,
@@ -222,6 +227,7 @@ impl SumFile {
         Ok(SumFile {
             file: Arc::new(DataFile::open_buffered(path, create)?),
             staged: Mutex::new(Staged::default()),
+            staged_count: AtomicUsize::new(0),
             writer: Mutex::new(()),
             background: AtomicBool::new(false),
             limit: STAGE_LIMIT,
@@ -250,16 +256,25 @@ impl SumFile {
             .expect("invariant: staged sums lock not poisoned")
     }
 
+    /// Sets `staged_count` from `s` (whose lock the caller holds) and returns it.
+    fn recount(&self, s: &Staged) -> usize {
+        let n = s.pages.len() + s.writing.len();
+        self.staged_count.store(n, Ordering::Release);
+        n
+    }
+
     /// Pages of sums staged and not yet written to the file.
     pub fn staged_pages(&self) -> usize {
-        let s = self.staged();
-        s.pages.len() + s.writing.len()
+        self.staged_count.load(Ordering::Acquire)
     }
 
     /// The staged sums of blocks `first..first+count`, as (index from `first`, sum): the
     /// newest for each block. Taken *before* the file is read (see "Staged sums" for why
     /// that order).
     fn overlay(&self, first: u64, count: usize) -> Vec<(usize, u32)> {
+        if self.staged_count.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
         let s = self.staged();
         if s.pages.is_empty() && s.writing.is_empty() {
             return Vec::new();
@@ -382,7 +397,7 @@ impl SumFile {
             }
             b = page_end;
         }
-        let over = s.pages.len() + s.writing.len() > self.limit;
+        let over = self.recount(&s) > self.limit;
         drop(s);
         over && !self.background.swap(true, Ordering::AcqRel)
     }
@@ -427,7 +442,9 @@ impl SumFile {
         let res = pages.iter().try_for_each(|(p, pg)| self.write_page(*p, pg));
         let mut s = self.staged();
         let written = std::mem::take(&mut s.writing);
-        if res.is_err() {
+        if res.is_ok() {
+            self.recount(&s);
+        } else {
             // Back to staged, under anything staged since (newer).
             for (p, pg) in written {
                 match s.pages.get_mut(&p) {
@@ -445,6 +462,7 @@ impl SumFile {
                     }
                 }
             }
+            self.recount(&s);
         }
         res.map(|()| n)
     }
