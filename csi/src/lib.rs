@@ -5,19 +5,23 @@
 //!
 //! - [`identity`]: `driver.zebu.io`, its capabilities, and a Probe that is ready only when
 //!   the manager answers;
-//! - [`controller`] (`--controller`): volumes, publishing, snapshots, clones, restores
-//!   from backups (`fromBackup`), expansion and capacity, all through the manager's REST API (the typed client of `zebu-manager`), so
+//! - [`controller`] (`--controller`): volumes, publishing, snapshots, snapshots that are
+//!   backups (VolumeSnapshotClass `type: backup`, id `backup:<name>`), clones, restores
+//!   from backups (`fromBackup`, or a backup snapshot as the content source), expansion and
+//!   capacity, all through the manager's REST API (the typed client of `zebu-manager`), so
 //!   the same rules hold as for the `zebu` CLI, on `zebu up` and in a cluster alike;
 //! - [`node`] (`--node`): attaching a published volume on this host (iSCSI with `iscsiadm`,
 //!   or `nbdfuse` and a direct-I/O loop device: [`node::attach`]), making its filesystem
 //!   when blank, the staging mount and the bind mounts, expansion and statistics.
 //!
-//! [`names`] maps CSI names to Zebu names, [`params`] checks StorageClass parameters,
+//! [`names`] maps CSI names to Zebu names, [`params`] checks StorageClass and
+//! VolumeSnapshotClass parameters,
 //! [`caps`] the volume capabilities.
 //!
 //! Tests (`csi/tests/`): `sanity.rs` (csi-sanity v5.4.0 with real staging and mounts),
 //! `controller.rs` (bad input, snapshots, clones, expansion, block for block),
-//! `from_backup.rs` (`fromBackup` against a real backup target), `kube_e2e.rs` (the
+//! `from_backup.rs` (`fromBackup` against a real backup target), `backup_snapshot.rs`
+//! (`type: backup` snapshots to a real S3 server, restored through CreateVolume), `kube_e2e.rs` (the
 //! upstream sidecars on a real API server, from a PVC to deletion), `vm_iscsi.rs` (the node
 //! service with the real Linux iSCSI initiator, `iscsiadm` and `iscsid` in a QEMU VM:
 //! stage, publish, write, unstage, stage again). Attach time:

@@ -14,7 +14,13 @@
 //! so a hash collision would be reported, never silently merged.
 //!
 //! Snapshots are named the same way inside their volume; a snapshot id is
-//! `<volume>/<snapshot>` ([`SnapshotId`]).
+//! `<volume>/<snapshot>` ([`SnapshotId`]). A snapshot that is a backup (VolumeSnapshotClass
+//! `type: backup`) is named the same way too, as a Backup; its id is `backup:<backup>`
+//! ([`SnapshotRef::Backup`]). A `:` is in no volume or snapshot name, so the two kinds of id
+//! never overlap, and a backup's id does not depend on its source volume (a backup outlives
+//! it). `backup:NAME` also names a backup the CSI plugin did not make (`zebu backup create`,
+//! a recurring job, one found in the target), so a pre-provisioned VolumeSnapshotContent can
+//! bring one in.
 
 use std::fmt;
 
@@ -92,6 +98,33 @@ impl SnapshotId {
     }
 }
 
+/// The prefix of the snapshot id of a backup.
+pub const BACKUP_ID_PREFIX: &str = "backup:";
+
+/// What a CSI snapshot id names: a snapshot inside a volume, or a backup in the target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotRef {
+    Local(SnapshotId),
+    Backup(String),
+}
+
+impl SnapshotRef {
+    /// `None` for an id this plugin never gave out (it names no snapshot).
+    pub fn parse(id: &str) -> Option<SnapshotRef> {
+        match id.strip_prefix(BACKUP_ID_PREFIX) {
+            Some(b) => zebu_types::validate_object_name(b)
+                .is_ok()
+                .then(|| SnapshotRef::Backup(b.to_string())),
+            None => SnapshotId::parse(id).map(SnapshotRef::Local),
+        }
+    }
+}
+
+/// The snapshot id of backup `name`.
+pub fn backup_snapshot_id(name: &str) -> String {
+    format!("{BACKUP_ID_PREFIX}{name}")
+}
+
 impl fmt::Display for SnapshotId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.volume, self.snapshot)
@@ -134,5 +167,23 @@ mod tests {
         assert_eq!(SnapshotId::parse("no-slash"), None);
         assert_eq!(SnapshotId::parse("a/b/c"), None);
         assert_eq!(SnapshotId::parse("A/b"), None);
+        assert_eq!(
+            SnapshotRef::parse("backup:snapshot-1a2b"),
+            Some(SnapshotRef::Backup("snapshot-1a2b".into()))
+        );
+        assert_eq!(
+            SnapshotRef::parse("vol-a/snap-b"),
+            Some(SnapshotRef::Local(s.clone()))
+        );
+        assert_eq!(backup_snapshot_id("b1"), "backup:b1");
+        for bad in [
+            "backup:",
+            "backup:A",
+            "backup:a/b",
+            "backup:../x",
+            "Backup:b1",
+        ] {
+            assert_eq!(SnapshotRef::parse(bad), None, "{bad}");
+        }
     }
 }

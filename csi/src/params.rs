@@ -8,12 +8,22 @@
 //! | `diskSelector`, `nodeSelector` | tags, comma-separated | its selectors |
 //! | `fsType` | `ext4`, `xfs` | the filesystem NodeStage makes (volume context) |
 //! | `mkfsParams` | extra `mkfs` arguments, space-separated | passed to mkfs (volume context) |
-//! | `fromBackup` | a backup's name (`zebu backup ls`) | the volume is a restore of it (the manager's `POST /v1/backups/{name}/restore`) |
+//! | `fromBackup` | a backup's name (`zebu backup ls`) | the volume is a restore of it (the manager's `POST /v1/backups/{name}/restore`), of the backup's size unless the request asks for more (less is OutOfRange); a backup still uploading is Aborted until it is committed |
 //! | `csi.storage.k8s.io/*` | anything | ignored (the provisioner's own metadata) |
 //!
 //! Anything else is refused with InvalidArgument naming the key, so a typo in a
 //! StorageClass fails the first PVC instead of being silently ignored. What was resolved
 //! is recorded on the Volume as `csi.zebu.io/<key>` annotations and in the volume context.
+//!
+//! VolumeSnapshotClass parameters (CreateSnapshot's `parameters`, [`SnapshotParams`]):
+//!
+//! | key | value | becomes |
+//! |---|---|---|
+//! | `type` | `snapshot` (the default) | a snapshot inside the volume, on its replicas; id `<volume>/<snapshot>` |
+//! | `type` | `backup` | a backup of the volume to the backup target (`zebu backup target set`): a new snapshot, uploaded; id `backup:<backup>`, `readyToUse` once the upload is committed. A PVC from it restores it (as `fromBackup` does) |
+//! | `csi.storage.k8s.io/*` | anything | ignored (the snapshotter's own metadata) |
+//!
+//! Anything else is refused with InvalidArgument naming the key or the value.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -214,6 +224,65 @@ impl Params {
     }
 }
 
+/// What a VolumeSnapshotClass's `type` asks CreateSnapshot for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SnapshotType {
+    /// A snapshot inside the volume.
+    #[default]
+    Snapshot,
+    /// A backup of the volume to the backup target.
+    Backup,
+}
+
+/// VolumeSnapshotClass parameters as CreateSnapshot resolved them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnapshotParams {
+    pub r#type: SnapshotType,
+}
+
+const SNAPSHOT_KNOWN: &[&str] = &["type"];
+
+/// A VolumeSnapshotClass parameter that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("VolumeSnapshotClass parameter {key:?}: {reason}")]
+pub struct SnapshotParamError {
+    pub key: String,
+    pub reason: String,
+}
+
+impl SnapshotParams {
+    pub fn parse(params: &HashMap<String, String>) -> Result<SnapshotParams, SnapshotParamError> {
+        let mut p = SnapshotParams::default();
+        let sorted: BTreeMap<&String, &String> = params.iter().collect();
+        for (key, value) in sorted {
+            let v = value.trim();
+            let bad = |reason: String| SnapshotParamError {
+                key: key.clone(),
+                reason,
+            };
+            match key.as_str() {
+                "type" => {
+                    p.r#type = match v {
+                        "snapshot" => SnapshotType::Snapshot,
+                        "backup" => SnapshotType::Backup,
+                        _ => {
+                            return Err(bad(format!("{v:?} is not one of snapshot, backup")));
+                        }
+                    };
+                }
+                k if k.starts_with("csi.storage.k8s.io/") => {}
+                _ => {
+                    return Err(bad(format!(
+                        "unknown parameter (known: {})",
+                        SNAPSHOT_KNOWN.join(", ")
+                    )));
+                }
+            }
+        }
+        Ok(p)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,5 +336,40 @@ mod tests {
             assert_eq!(e.key, k);
             assert!(e.to_string().contains(says), "{k}={v}: {e}");
         }
+    }
+
+    #[test]
+    fn snapshot_class_parameters_choose_a_snapshot_or_a_backup() {
+        let parse = |kv: &[(&str, &str)]| {
+            SnapshotParams::parse(
+                &kv.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
+        assert_eq!(parse(&[]).expect("none").r#type, SnapshotType::Snapshot);
+        assert_eq!(
+            parse(&[("type", "snapshot")]).expect("snapshot").r#type,
+            SnapshotType::Snapshot
+        );
+        assert_eq!(
+            parse(&[
+                ("type", "backup"),
+                ("csi.storage.k8s.io/volumesnapshot/name", "s1")
+            ])
+            .expect("backup")
+            .r#type,
+            SnapshotType::Backup
+        );
+        let e = parse(&[("type", "bakup")]).expect_err("typo in the value");
+        assert_eq!(e.key, "type");
+        assert!(
+            e.to_string()
+                .contains("\"bakup\" is not one of snapshot, backup"),
+            "{e}"
+        );
+        let e = parse(&[("typ", "backup")]).expect_err("typo in the key");
+        assert_eq!(e.key, "typ");
+        assert!(e.to_string().contains("unknown parameter"), "{e}");
     }
 }

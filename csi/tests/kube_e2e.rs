@@ -291,6 +291,14 @@ fn pvc_attach_snapshot_clone_expand_and_delete_through_the_sidecars() {
         .get("volumesnapshotclass/zebu")
         .expect("snapshot class");
     assert_eq!(class["driver"], DRIVER, "{class}");
+    let backup_class = kube
+        .get("volumesnapshotclass/zebu-backup")
+        .expect("backup snapshot class");
+    assert_eq!(backup_class["driver"], DRIVER, "{backup_class}");
+    assert_eq!(
+        backup_class["parameters"]["type"], "backup",
+        "{backup_class}"
+    );
     let node = format!("csi-e2e-{}-node", std::process::id());
     kube.apply(
         "node",

@@ -344,6 +344,62 @@ impl Client {
         self.call(Method::POST, &path, Some(req)).await
     }
 
+    /// `GET /v1/backups[?volume=V]`: the backups of one volume, or all.
+    pub async fn list_backups(
+        &self,
+        volume: Option<&str>,
+    ) -> Result<Items<zebu_types::resources::Backup>, ClientError> {
+        let path = match volume {
+            Some(v) => format!("/v1/backups?volume={}", segment(v)),
+            None => "/v1/backups".to_string(),
+        };
+        self.call(Method::GET, &path, Self::NO_BODY).await
+    }
+
+    pub async fn get_backup(
+        &self,
+        name: &str,
+    ) -> Result<zebu_types::resources::Backup, ClientError> {
+        let path = format!("/v1/backups/{}", segment(name));
+        self.call(Method::GET, &path, Self::NO_BODY).await
+    }
+
+    /// A backup, `None` when there is none.
+    pub async fn find_backup(
+        &self,
+        name: &str,
+    ) -> Result<Option<zebu_types::resources::Backup>, ClientError> {
+        match self.get_backup(name).await {
+            Ok(b) => Ok(Some(b)),
+            Err(ClientError::Api { status, .. }) if status == StatusCode::NOT_FOUND => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `POST /v1/backups`: back up a volume (the upload runs on; the backup's status says
+    /// when it is committed).
+    pub async fn create_backup(
+        &self,
+        req: &zebu_types::requests::backup::CreateBackup,
+    ) -> Result<zebu_types::resources::Backup, ClientError> {
+        self.call(Method::POST, "/v1/backups", Some(req)).await
+    }
+
+    /// `DELETE /v1/backups/{name}`: deletes the backup from the target (its manifest goes
+    /// first, then the object).
+    pub async fn delete_backup(&self, name: &str) -> Result<Value, ClientError> {
+        let path = format!("/v1/backups/{}", segment(name));
+        self.call(Method::DELETE, &path, Self::NO_BODY).await
+    }
+
+    /// `GET /v1/backuptarget`: the backup target (FailedPrecondition when none is set).
+    pub async fn get_backup_target(
+        &self,
+    ) -> Result<zebu_types::resources::BackupTarget, ClientError> {
+        self.call(Method::GET, "/v1/backuptarget", Self::NO_BODY)
+            .await
+    }
+
     /// The Snapshot records of one volume, or of every volume.
     pub async fn list_snapshot_records(
         &self,

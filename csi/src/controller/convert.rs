@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use tonic::{Code, Status};
 use zebu_manager::client::ClientError;
 use zebu_proto::csi;
-use zebu_types::resources::{Robustness, Snapshot, Volume, VolumeState};
+use zebu_types::resources::{Backup, BackupState, Robustness, Snapshot, Volume, VolumeState};
 
 use crate::node::attach::{CTX_FRONTEND, CTX_IQN, CTX_LUN, CTX_NBD_URI, CTX_PORTAL};
 use crate::params::{CTX_FS_TYPE, CTX_MKFS_PARAMS};
@@ -224,6 +224,31 @@ pub fn csi_snapshot(s: &Snapshot, snapshot_name: &str) -> csi::Snapshot {
         source_volume_id: s.spec.volume.clone(),
         creation_time: timestamp(s.status.creation_time.as_deref()),
         ready_to_use: s.status.ready_to_use,
+        group_snapshot_id: String::new(),
+    }
+}
+
+/// A backup as CSI sees it (VolumeSnapshotClass `type: backup`): ready once its manifest is
+/// committed; its size is the volume's at the snapshot (`volume_size` when the backup's
+/// status has it, else the source volume's `fallback_size`); its creation time is the
+/// snapshot's when recorded, else the Backup's (made right after its snapshot was taken).
+pub fn csi_backup_snapshot(b: &Backup, fallback_size: u64) -> csi::Snapshot {
+    let size = match b.status.volume_size.bytes() {
+        0 => fallback_size,
+        n => n,
+    };
+    let created = b
+        .status
+        .snapshot_created_at
+        .as_deref()
+        .or(b.status.backup_created_at.as_deref())
+        .or(b.metadata.creation_timestamp.as_deref());
+    csi::Snapshot {
+        size_bytes: size as i64,
+        snapshot_id: crate::names::backup_snapshot_id(&b.metadata.name),
+        source_volume_id: b.spec.volume.clone(),
+        creation_time: timestamp(created),
+        ready_to_use: b.status.state == BackupState::Completed,
         group_snapshot_id: String::new(),
     }
 }

@@ -28,21 +28,59 @@ use zebu_proto::csi;
 use zebu_proto::csi::controller_service_capability::rpc::Type as Cap;
 use zebu_proto::csi::volume_content_source::Type as Source;
 use zebu_types::names::FROM_BACKUP_ANNOTATION;
-use zebu_types::requests::backup::RestoreBackup;
+use zebu_types::requests::backup::{CreateBackup, RestoreBackup};
 use zebu_types::requests::{AttachVolume, CreateSnapshot, CreateVolume, DataSource, ExpandVolume};
-use zebu_types::resources::{Frontend, RestoreState, Volume, VolumeState};
+use zebu_types::resources::{Backup, BackupState, Frontend, RestoreState, Volume, VolumeState};
 use zebu_types::size::ByteSize;
 
 use crate::caps;
-use crate::names::{self, CSI_NAME_ANNOTATION, SnapshotId};
+use crate::names::{self, CSI_NAME_ANNOTATION, SnapshotRef};
 use crate::node::attach::AttachMode;
 use crate::node::{TOPOLOGY_NODE_KEY, TOPOLOGY_ZONE_KEY};
-use crate::params::Params;
+use crate::params::{Params, SnapshotParams, SnapshotType};
 pub use convert::{DEFAULT_SIZE, FS_TYPE_ANNOTATION, MKFS_PARAMS_ANNOTATION, api_status};
-use convert::{csi_snapshot, csi_volume, fits, page, publish_context, published_node, size_for};
+use convert::{
+    csi_backup_snapshot, csi_snapshot, csi_volume, fits, page, publish_context, published_node,
+    size_for,
+};
 use zebu_ops::{DATA_SOURCE_ANNOTATION, Population, SNAPSHOT_NAME_ANNOTATION};
 
 const POLL: Duration = Duration::from_millis(50);
+
+/// On a Backup taken for a CSI snapshot (VolumeSnapshotClass `type: backup`): the CSI name it
+/// was taken for (its Zebu form when the CSI name is longer than a label value may be). A
+/// repeated CreateSnapshot checks it, and DeleteSnapshot deletes the snapshot such a backup
+/// took of its volume along with it; a backup without it (`zebu backup create`, a recurring
+/// job) is never answered for another CSI name, and its snapshot is left alone.
+pub const CSI_BACKUP_LABEL: &str = "csi.zebu.io/name";
+
+fn csi_label_value(csi_name: &str) -> String {
+    if csi_name.len() <= 63 {
+        csi_name.to_string()
+    } else {
+        names::label_for(csi_name)
+    }
+}
+
+/// Whether backup `b` was taken for a CSI snapshot and took its own snapshot of the volume
+/// (named as the backup), which is then the plugin's to delete.
+fn csi_took_snapshot(b: &Backup) -> bool {
+    b.spec.labels.contains_key(CSI_BACKUP_LABEL) && b.spec.snapshot == b.metadata.name
+}
+
+/// The message of a backup that will not become ready.
+fn backup_failed(b: &Backup) -> String {
+    format!(
+        "backup {} of volume {} failed: {}",
+        b.metadata.name,
+        b.spec.volume,
+        if b.status.error.is_empty() {
+            "no error recorded"
+        } else {
+            b.status.error.as_str()
+        }
+    )
+}
 
 pub struct ControllerService {
     client: Client,
@@ -168,34 +206,277 @@ impl ControllerService {
         }
     }
 
-    fn data_source(req: &csi::CreateVolumeRequest) -> Result<Option<DataSource>, Status> {
+    /// The content source: a snapshot or a volume to copy, or (a snapshot id that names a
+    /// backup) a backup to restore.
+    fn data_source(
+        req: &csi::CreateVolumeRequest,
+    ) -> Result<(Option<DataSource>, Option<String>), Status> {
         let Some(src) = req
             .volume_content_source
             .as_ref()
             .and_then(|s| s.r#type.as_ref())
         else {
-            return Ok(None);
+            return Ok((None, None));
         };
-        Ok(Some(match src {
-            Source::Snapshot(s) => {
-                let id = SnapshotId::parse(&s.snapshot_id).ok_or_else(|| {
-                    Status::not_found(format!("snapshot {:?} not found", s.snapshot_id))
-                })?;
-                DataSource {
-                    volume: id.volume,
-                    snapshot: Some(id.snapshot),
+        Ok(match src {
+            Source::Snapshot(s) => match SnapshotRef::parse(&s.snapshot_id) {
+                Some(SnapshotRef::Local(id)) => (
+                    Some(DataSource {
+                        volume: id.volume,
+                        snapshot: Some(id.snapshot),
+                    }),
+                    None,
+                ),
+                Some(SnapshotRef::Backup(b)) => (None, Some(b)),
+                None => {
+                    return Err(Status::not_found(format!(
+                        "snapshot {:?} not found",
+                        s.snapshot_id
+                    )));
                 }
-            }
+            },
             Source::Volume(v) => {
                 let name = names::volume_of_id(&v.volume_id).ok_or_else(|| {
                     Status::not_found(format!("source volume {:?} not found", v.volume_id))
                 })?;
-                DataSource {
-                    volume: name.to_string(),
-                    snapshot: None,
+                (
+                    Some(DataSource {
+                        volume: name.to_string(),
+                        snapshot: None,
+                    }),
+                    None,
+                )
+            }
+        })
+    }
+
+    /// The size of a new volume that restores backup `name`, which must be completed: the
+    /// backup's volume size when the request names none, else the requested size, which may
+    /// not be below it (OutOfRange). A backup still uploading is Aborted (the CO calls again,
+    /// as while a restore runs); one that failed or is being deleted never becomes usable
+    /// (FailedPrecondition).
+    async fn restore_size(
+        &self,
+        name: &str,
+        what: &str,
+        range: Option<&csi::CapacityRange>,
+    ) -> Result<u64, Status> {
+        let b = self
+            .client
+            .find_backup(name)
+            .await
+            .map_err(api_status)?
+            .ok_or_else(|| Status::not_found(format!("{what} not found")))?;
+        match b.status.state {
+            BackupState::Completed => {}
+            BackupState::Pending | BackupState::InProgress => {
+                return Err(Status::aborted(format!(
+                    "{what} is not ready yet (the upload is {}, {}% read); try again",
+                    b.status.state, b.status.progress
+                )));
+            }
+            BackupState::Error => return Err(Status::failed_precondition(backup_failed(&b))),
+            BackupState::Deleting => {
+                return Err(Status::failed_precondition(format!(
+                    "{what} is being deleted"
+                )));
+            }
+        }
+        let need = b.status.volume_size.bytes();
+        let (required, limit) = range.map_or((0, 0), |r| {
+            (
+                r.required_bytes.max(0).cast_unsigned(),
+                r.limit_bytes.max(0).cast_unsigned(),
+            )
+        });
+        if limit > 0 && limit < need {
+            return Err(Status::out_of_range(format!(
+                "capacity_range: limit_bytes {limit} is below the {need} bytes of {what}'s volume"
+            )));
+        }
+        if required > 0 && required < need {
+            return Err(Status::out_of_range(format!(
+                "capacity_range: required_bytes {required} is below the {need} bytes of {what}'s volume"
+            )));
+        }
+        if required == 0 && need > 0 {
+            return Ok(need);
+        }
+        // (A backup whose status lacks its volume's size: the manager checks the request
+        // against the manifest.)
+        Ok(size_for(range)?.max(need))
+    }
+}
+
+impl ControllerService {
+    /// CreateSnapshot with VolumeSnapshotClass `type: backup`: a Backup named as the CSI
+    /// name (a new snapshot of the volume, uploaded to the target), answered at once with
+    /// `readyToUse` false while it uploads; a repeated call answers the same backup, ready
+    /// once its manifest is committed.
+    async fn create_backup_snapshot(
+        &self,
+        source: &str,
+        csi_name: &str,
+    ) -> Result<csi::Snapshot, Status> {
+        let name = names::label_for(csi_name);
+        if let Some(b) = self.client.find_backup(&name).await.map_err(api_status)? {
+            return self.existing_backup_snapshot(b, source, csi_name).await;
+        }
+        let volume = self.volume(source).await?;
+        match self.client.get_backup_target().await {
+            Ok(_) => {}
+            Err(ClientError::Api { status, code, .. })
+                if status.as_u16() == 404
+                    || status.as_u16() == 409
+                    || code.as_deref() == Some("FailedPrecondition") =>
+            {
+                return Err(Status::failed_precondition(
+                    "VolumeSnapshotClass type backup needs a backup target, and none is set (zebu backup target set URL)",
+                ));
+            }
+            Err(e) => return Err(api_status(e)),
+        }
+        // A snapshot of that name left by an attempt that stopped before its Backup was
+        // recorded is backed up instead of taking another.
+        let taken = self
+            .client
+            .list_snapshot_records(Some(&volume.metadata.name))
+            .await
+            .map_err(api_status)?
+            .items
+            .iter()
+            .any(|r| {
+                r.metadata
+                    .annotations
+                    .get(SNAPSHOT_NAME_ANNOTATION)
+                    .map(String::as_str)
+                    == Some(name.as_str())
+            });
+        let create = CreateBackup {
+            volume: volume.metadata.name.clone(),
+            snapshot: taken.then(|| name.clone()),
+            name: Some(name.clone()),
+            labels: [(CSI_BACKUP_LABEL.to_string(), csi_label_value(csi_name))].into(),
+        };
+        let b = match self.client.create_backup(&create).await {
+            Ok(b) => b,
+            // Raced by a repeat of this call: its backup answers.
+            Err(ClientError::Api { status, .. }) if status.as_u16() == 409 => {
+                match self.client.find_backup(&name).await.map_err(api_status)? {
+                    Some(b) => return self.existing_backup_snapshot(b, source, csi_name).await,
+                    None => {
+                        return Err(Status::aborted(format!(
+                            "backup {name} of {source} is being recorded; try again"
+                        )));
+                    }
                 }
             }
-        }))
+            Err(e) => return Err(api_status(e)),
+        };
+        tracing::info!(volume = source, backup = %name, csi_name, "backup requested for a CSI snapshot");
+        Ok(csi_backup_snapshot(&b, volume.spec.size.bytes()))
+    }
+
+    /// A repeated CreateSnapshot of `type: backup`: the same backup when it was taken for
+    /// this name of this volume; AlreadyExists otherwise.
+    async fn existing_backup_snapshot(
+        &self,
+        b: Backup,
+        source: &str,
+        csi_name: &str,
+    ) -> Result<csi::Snapshot, Status> {
+        let name = &b.metadata.name;
+        if b.spec.labels.get(CSI_BACKUP_LABEL) != Some(&csi_label_value(csi_name)) {
+            return Err(Status::already_exists(format!(
+                "backup {name} exists already and was not taken for CSI snapshot {csi_name:?}"
+            )));
+        }
+        if b.spec.volume != source {
+            return Err(Status::already_exists(format!(
+                "snapshot {csi_name:?} exists already, a backup of volume {}",
+                b.spec.volume
+            )));
+        }
+        if b.metadata.is_deleting() || b.status.state == BackupState::Deleting {
+            return Err(Status::aborted(format!(
+                "backup {name} of {source} is being deleted; try again"
+            )));
+        }
+        if b.status.state == BackupState::Error {
+            return Err(Status::internal(format!(
+                "{}; delete the VolumeSnapshot and take another",
+                backup_failed(&b)
+            )));
+        }
+        let size = match b.status.volume_size.bytes() {
+            0 => self
+                .client
+                .find_volume(source)
+                .await
+                .map_err(api_status)?
+                .map_or(0, |v| v.spec.size.bytes()),
+            n => n,
+        };
+        Ok(csi_backup_snapshot(&b, size))
+    }
+
+    /// DeleteSnapshot of `backup:NAME`: the snapshot the backup took of its volume for CSI
+    /// (first: once the backup is gone nothing says which one it was), then the backup from
+    /// the target. OK once the backup is gone (also when it never existed); Aborted while
+    /// its manifest is being deleted.
+    async fn delete_backup_snapshot(&self, name: &str) -> Result<(), Status> {
+        let Some(b) = self.client.find_backup(name).await.map_err(api_status)? else {
+            return Ok(());
+        };
+        if csi_took_snapshot(&b)
+            && let Some(v) = self.find_volume(&b.spec.volume).await?
+            && !v.metadata.is_deleting()
+        {
+            let there = self
+                .client
+                .list_snapshot_records(Some(&v.metadata.name))
+                .await
+                .map_err(api_status)?
+                .items
+                .iter()
+                .any(|r| {
+                    r.metadata.annotations.get(SNAPSHOT_NAME_ANNOTATION) == Some(&b.spec.snapshot)
+                });
+            if there {
+                match self
+                    .client
+                    .delete_snapshot(&v.metadata.name, &b.spec.snapshot)
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => return Err(api_status(e)),
+                }
+                tracing::info!(volume = %v.metadata.name, snapshot = %b.spec.snapshot, backup = name, "the snapshot a CSI backup took is deleted");
+            }
+        }
+        if !b.metadata.is_deleting() {
+            match self.client.delete_backup(name).await {
+                Ok(_) => {}
+                Err(e) if is_not_found(&e) => return Ok(()),
+                Err(e) => return Err(api_status(e)),
+            }
+            tracing::info!(backup = name, "backup delete requested for a CSI snapshot");
+        }
+        let deadline = tokio::time::Instant::now() + self.budget;
+        loop {
+            let Some(b) = self.client.find_backup(name).await.map_err(api_status)? else {
+                tracing::info!(backup = name, "backup deleted");
+                return Ok(());
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Status::aborted(format!(
+                    "backup {name} is being deleted from the target ({}); try again",
+                    b.status.state
+                )));
+            }
+            tokio::time::sleep(POLL * 4).await;
+        }
     }
 }
 
@@ -230,17 +511,31 @@ impl csi::controller_server::Controller for ControllerService {
             }
         }
         let size = size_for(req.capacity_range.as_ref())?;
-        let source = Self::data_source(&req)?;
-        if let Some(backup) = &params.from_backup {
-            if source.is_some() {
-                return Err(Status::invalid_argument(format!(
-                    "StorageClass parameter \"fromBackup\" ({backup}) and a volume content source (a snapshot or a volume) cannot both give the new volume's data"
-                )));
+        let (source, source_backup) = Self::data_source(&req)?;
+        if let Some(backup) = &params.from_backup
+            && req
+                .volume_content_source
+                .as_ref()
+                .is_some_and(|s| s.r#type.is_some())
+        {
+            return Err(Status::invalid_argument(format!(
+                "StorageClass parameter \"fromBackup\" ({backup}) and a volume content source (a snapshot or a volume) cannot both give the new volume's data"
+            )));
+        }
+        // The backup to restore: the StorageClass's, or the one a backup snapshot names.
+        let backup = params.from_backup.clone().or(source_backup);
+        let backup_what = |b: &str| {
+            if params.from_backup.is_some() {
+                format!("backup {b:?}")
+            } else {
+                format!("snapshot {:?}", names::backup_snapshot_id(b))
             }
+        };
+        if backup.is_some() {
             // A restore takes the replica count only; the rest would be silently lost.
             if let Some(key) = params.not_with_from_backup() {
                 return Err(Status::invalid_argument(format!(
-                    "StorageClass parameter {key:?} cannot be combined with \"fromBackup\" (a restore takes numberOfReplicas only)"
+                    "StorageClass parameter {key:?} cannot be combined with a restore from a backup (\"fromBackup\" or a snapshot of VolumeSnapshotClass type backup), which takes numberOfReplicas only"
                 )));
             }
         }
@@ -282,12 +577,11 @@ impl csi::controller_server::Controller for ControllerService {
                     .annotations
                     .get(FROM_BACKUP_ANNOTATION)
                     .map(String::as_str);
-                if their_backup != params.from_backup.as_deref() {
+                if their_backup != backup.as_deref() {
                     return Err(Status::already_exists(format!(
                         "volume {csi_name:?} exists restored from {}, not from {}",
                         their_backup.map_or("no backup".to_string(), |b| format!("backup {b}")),
-                        params
-                            .from_backup
+                        backup
                             .as_deref()
                             .map_or("no backup".to_string(), |b| format!("backup {b}"))
                     )));
@@ -305,8 +599,11 @@ impl csi::controller_server::Controller for ControllerService {
                     v
                 }
             }
-            None if params.from_backup.is_some() => {
-                let backup = params.from_backup.clone().unwrap_or_default();
+            None if backup.is_some() => {
+                let backup = backup.clone().unwrap_or_default();
+                let size = self
+                    .restore_size(&backup, &backup_what(&backup), req.capacity_range.as_ref())
+                    .await?;
                 let restore = RestoreBackup {
                     volume: volume.clone(),
                     size: Some(ByteSize(size).into()),
@@ -644,12 +941,13 @@ impl csi::controller_server::Controller for ControllerService {
         let req = request.into_inner();
         let source = required(&req.source_volume_id, "source_volume_id")?;
         let csi_name = required(&req.name, "name")?;
-        if !req.parameters.is_empty() {
-            let keys: Vec<&String> = req.parameters.keys().collect();
-            // `type: backup` comes with the backup store (issue 16); nothing else is known.
-            return Err(Status::invalid_argument(format!(
-                "VolumeSnapshotClass parameters {keys:?} are not known (snapshots take none yet; \"type: backup\" needs the backup store)"
-            )));
+        let params = SnapshotParams::parse(&req.parameters)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if params.r#type == SnapshotType::Backup {
+            let snapshot = self.create_backup_snapshot(source, csi_name).await?;
+            return Ok(Response::new(csi::CreateSnapshotResponse {
+                snapshot: Some(snapshot),
+            }));
         }
         let snap = names::label_for(csi_name);
         let records = self
@@ -666,6 +964,15 @@ impl csi::controller_server::Controller for ControllerService {
                 == Some(snap.as_str())
         };
         if let Some(r) = records.iter().find(|r| mine(r)) {
+            if let Some(b) = self.client.find_backup(&snap).await.map_err(api_status)?
+                && csi_took_snapshot(&b)
+                && b.spec.volume == r.spec.volume
+            {
+                return Err(Status::already_exists(format!(
+                    "snapshot {csi_name:?} exists already, as a backup (VolumeSnapshotClass type backup) of volume {}",
+                    b.spec.volume
+                )));
+            }
             if r.spec.volume != source {
                 return Err(Status::already_exists(format!(
                     "snapshot {csi_name:?} exists already, of volume {}",
@@ -716,8 +1023,13 @@ impl csi::controller_server::Controller for ControllerService {
     ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
         let req = request.into_inner();
         let id = required(&req.snapshot_id, "snapshot_id")?;
-        let Some(sid) = SnapshotId::parse(id) else {
-            return Ok(Response::new(csi::DeleteSnapshotResponse {}));
+        let sid = match SnapshotRef::parse(id) {
+            None => return Ok(Response::new(csi::DeleteSnapshotResponse {})),
+            Some(SnapshotRef::Backup(b)) => {
+                self.delete_backup_snapshot(&b).await?;
+                return Ok(Response::new(csi::DeleteSnapshotResponse {}));
+            }
+            Some(SnapshotRef::Local(sid)) => sid,
         };
         let exists = self
             .client
@@ -751,43 +1063,108 @@ impl csi::controller_server::Controller for ControllerService {
         let wanted = if req.snapshot_id.is_empty() {
             None
         } else {
-            match SnapshotId::parse(&req.snapshot_id) {
+            match SnapshotRef::parse(&req.snapshot_id) {
                 Some(s) => Some(s),
                 None => return Ok(Response::new(csi::ListSnapshotsResponse::default())),
             }
         };
         let volume = match (&wanted, req.source_volume_id.as_str()) {
-            (Some(s), _) => Some(s.volume.clone()),
-            (None, "") => None,
-            (None, v) => match names::volume_of_id(v) {
+            (Some(SnapshotRef::Local(s)), _) => Some(s.volume.clone()),
+            (_, "") => None,
+            (_, v) => match names::volume_of_id(v) {
                 Some(v) => Some(v.to_string()),
                 None => return Ok(Response::new(csi::ListSnapshotsResponse::default())),
             },
         };
-        let records = self
-            .client
-            .list_snapshot_records(volume.as_deref())
-            .await
-            .map_err(api_status)?
-            .items;
-        let items = records
-            .into_iter()
-            .filter(|r| req.source_volume_id.is_empty() || r.spec.volume == req.source_volume_id)
-            .filter_map(|r| {
-                let snap = r
-                    .metadata
-                    .annotations
-                    .get(SNAPSHOT_NAME_ANNOTATION)?
-                    .clone();
-                if wanted.as_ref().is_some_and(|w| w.snapshot != snap) {
-                    return None;
-                }
-                let entry = csi::list_snapshots_response::Entry {
-                    snapshot: Some(csi_snapshot(&r, &snap)),
-                };
-                Some((format!("{}/{snap}", r.spec.volume), entry))
-            })
+        let backups: Vec<Backup> = match &wanted {
+            Some(SnapshotRef::Backup(b)) => self
+                .client
+                .find_backup(b)
+                .await
+                .map_err(api_status)?
+                .into_iter()
+                .filter(|b| volume.as_ref().is_none_or(|v| &b.spec.volume == v))
+                .collect(),
+            _ => {
+                self.client
+                    .list_backups(volume.as_deref())
+                    .await
+                    .map_err(api_status)?
+                    .items
+            }
+        };
+        // The snapshots backups took for CSI are those backups, not snapshots of their own.
+        let taken_for_backups: std::collections::HashSet<(&str, &str)> = backups
+            .iter()
+            .filter(|b| csi_took_snapshot(b))
+            .map(|b| (b.spec.volume.as_str(), b.spec.snapshot.as_str()))
             .collect();
+        let mut items: Vec<(String, csi::list_snapshots_response::Entry)> = Vec::new();
+        if !matches!(wanted, Some(SnapshotRef::Backup(_))) {
+            let records = self
+                .client
+                .list_snapshot_records(volume.as_deref())
+                .await
+                .map_err(api_status)?
+                .items;
+            items.extend(
+                records
+                    .into_iter()
+                    .filter(|r| {
+                        req.source_volume_id.is_empty() || r.spec.volume == req.source_volume_id
+                    })
+                    .filter_map(|r| {
+                        let snap = r
+                            .metadata
+                            .annotations
+                            .get(SNAPSHOT_NAME_ANNOTATION)?
+                            .clone();
+                        if let Some(SnapshotRef::Local(w)) = &wanted
+                            && w.snapshot != snap
+                        {
+                            return None;
+                        }
+                        if taken_for_backups.contains(&(r.spec.volume.as_str(), snap.as_str())) {
+                            return None;
+                        }
+                        let entry = csi::list_snapshots_response::Entry {
+                            snapshot: Some(csi_snapshot(&r, &snap)),
+                        };
+                        Some((format!("{}/{snap}", r.spec.volume), entry))
+                    }),
+            );
+        }
+        if !matches!(wanted, Some(SnapshotRef::Local(_))) {
+            let live: Vec<&Backup> = backups
+                .iter()
+                .filter(|b| !b.metadata.is_deleting() && b.status.state != BackupState::Deleting)
+                .collect();
+            // A backup whose upload has not reported yet has no size of its own: its
+            // volume's, read once for the page.
+            let sizes: HashMap<String, u64> =
+                if live.iter().any(|b| b.status.volume_size.bytes() == 0) {
+                    self.client
+                        .list_volumes()
+                        .await
+                        .map_err(api_status)?
+                        .items
+                        .into_iter()
+                        .map(|v| (v.metadata.name.clone(), v.spec.size.bytes()))
+                        .collect()
+                } else {
+                    HashMap::new()
+                };
+            items.extend(live.into_iter().map(|b| {
+                let fallback = sizes.get(&b.spec.volume).copied().unwrap_or(0);
+                let snapshot = csi_backup_snapshot(b, fallback);
+                (
+                    snapshot.snapshot_id.clone(),
+                    csi::list_snapshots_response::Entry {
+                        snapshot: Some(snapshot),
+                    },
+                )
+            }));
+        }
         let (entries, next_token) = page(items, &req.starting_token, req.max_entries)?;
         Ok(Response::new(csi::ListSnapshotsResponse {
             entries,

@@ -146,6 +146,12 @@ pub struct Up {
 impl Up {
     /// `zebu up --nodes N` on `dir`; returns once the N nodes are ready.
     pub fn start(dir: &Path, nodes: u8) -> Up {
+        Up::start_env(dir, nodes, &[])
+    }
+
+    /// [`Up::start`] with extra environment for `zebu up` (the AWS variables of an S3
+    /// server, which the manager and its backup processes read).
+    pub fn start_env(dir: &Path, nodes: u8, env: &[(&str, String)]) -> Up {
         let log = std::fs::File::create(dir.join("up.log")).expect("log");
         let mut child = Command::new(bin_dir().join("zebu"))
             .args([
@@ -163,6 +169,7 @@ impl Up {
                 "ZEBU_LOG",
                 "zebu_manager=info,zebu_ops=info,zebu_controllers=info,zebu_agent=info",
             )
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()

@@ -92,16 +92,11 @@ pub enum TargetCmd {
 }
 
 async fn list(client: &Client, volume: Option<&str>) -> Result<Items<Backup>, ClientError> {
-    let path = match volume {
-        Some(v) => format!("/v1/backups?volume={}", segment(v)),
-        None => "/v1/backups".to_string(),
-    };
-    client.call(Method::GET, &path, Client::NO_BODY).await
+    client.list_backups(volume).await
 }
 
 async fn get(client: &Client, name: &str) -> Result<Backup, ClientError> {
-    let path = format!("/v1/backups/{}", segment(name));
-    client.call(Method::GET, &path, Client::NO_BODY).await
+    client.get_backup(name).await
 }
 
 /// `POST /v1/backups/{backup}/restore`: the new volume.
@@ -148,9 +143,7 @@ pub async fn backup(client: &Client, out: Output, cmd: BackupCmd) -> anyhow::Res
             render::one(out, &t, target_table)
         }
         BackupCmd::Target(TargetCmd::Get) => {
-            let t: BackupTarget = client
-                .call(Method::GET, "/v1/backuptarget", Client::NO_BODY)
-                .await?;
+            let t: BackupTarget = client.get_backup_target().await?;
             render::one(out, &t, target_table)
         }
         BackupCmd::Create {
@@ -167,7 +160,7 @@ pub async fn backup(client: &Client, out: Output, cmd: BackupCmd) -> anyhow::Res
                 name,
                 labels: parse_labels(&labels)?,
             };
-            let b: Backup = client.call(Method::POST, "/v1/backups", Some(&req)).await?;
+            let b: Backup = client.create_backup(&req).await?;
             if !wait {
                 return render::one(out, &b, backup_table);
             }
@@ -187,8 +180,7 @@ pub async fn backup(client: &Client, out: Output, cmd: BackupCmd) -> anyhow::Res
         }
         BackupCmd::Get { name } => render::one(out, &get(client, &name).await?, backup_table),
         BackupCmd::Rm { name } => {
-            let path = format!("/v1/backups/{}", segment(&name));
-            let v: serde_json::Value = client.call(Method::DELETE, &path, Client::NO_BODY).await?;
+            let v = client.delete_backup(&name).await?;
             render::value(out, &v)
         }
         BackupCmd::Gc { wait } => {
