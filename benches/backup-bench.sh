@@ -1,32 +1,39 @@
 #!/usr/bin/env bash
-# Backup and restore of a volume through the manager to a real S3 server (moto), against
-# references measured in the same run on the same machine (issue 16):
+# Issue 16's backup case, through the manager, to a real S3 server on 127.0.0.1, against
+# references measured in the same run on the same machine:
 #
-#   - backup  vs `nbdcopy` of the same volume (its NBD endpoint) to a file: reading the
-#     volume's data at the speed the data path allows;
-#   - restore vs `nbdcopy` of the same image into a new volume of the same replica count:
-#     writing the same bytes into a new volume;
-#   - both    vs `restic` (Debian) backing up the same image file to the same moto server
-#     and restoring it, with its object count.
+#   1. a SIZE volume (default 4G) holding random data in its first half and holes in the
+#      second; a full backup;
+#   2. 256 MiB rewritten in one region and 2,000 random 4 KiB writes; an incremental backup;
+#   3. a restore of each backup into a new REPLICAS-replica volume, compared byte for byte
+#      with the volume at that backup's snapshot (whole devices);
+#   references: `nbdcopy` of the volume to null: (reading it through the data path),
+#   `nbdcopy` of the image into a new volume (writing it), `restic` (Debian) backing up and
+#   restoring the same image to the same server, and the server's own ceiling (parallel
+#   PUT/GET of 64 MiB objects, benches/s3-ceiling.sh).
 #
-# The volume (SIZE, default 4G) holds random data in its first half and holes in the
-# second (2 GiB of each at 4G). Rates are of the data bytes. The restore (and restic's) is
-# compared byte for byte with the source image.
+# For each backup: bytes read from the replica, bytes and objects uploaded, time, and the
+# peak RSS of the `zebu-backup-run` process; for each restore: time, bytes downloaded, peak
+# RSS. The goals of the issue are checked and printed PASS or FAIL.
 #
 #   benches/backup-bench.sh [OUT.txt]
-#   env: SIZE=4G REPLICAS=2 WORKDIR=/var/tmp/backup-bench ZEBU_BIN_DIR=target/release
+#   env: SIZE=4G REPLICAS=3 SERVER=moto|gofakes3 WORKDIR=/var/tmp/backup-bench
+#        ZEBU_BIN_DIR=target/release GOFAKES3=path/to/gofakes3
 #
-# Needs: zebu, zebu-engine, zebu-replica, zebu-backup-run in ZEBU_BIN_DIR (build with
-# `cargo build --release --workspace --bins`, or debug), nbdcopy, qemu-img, restic, curl,
-# jq, python3 (the moto venv of backupstore/scripts/moto-venv.sh). Disk: about
-# (2 × REPLICAS + 3) × the data size under WORKDIR; moto keeps objects in memory (about
-# twice the data: Zebu's and restic's copies).
+# SERVER=moto (default) is the Python server the tests use; SERVER=gofakes3 is a Go S3
+# server kept in memory (`go install github.com/johannesboyne/gofakes3/cmd/gofakes3@v1.2.0`),
+# several times faster than moto, to see Zebu's own limits. Needs: zebu, zebu-engine,
+# zebu-replica, zebu-backup-run in ZEBU_BIN_DIR (`cargo build --release --workspace --bins`),
+# nbdcopy, qemu-io, restic, curl, jq, python3 (and the moto venv of
+# backupstore/scripts/moto-venv.sh, also used for boto3). Disk: about (4 × REPLICAS + 3) ×
+# the data size under WORKDIR; the server keeps objects in memory (about 2.5 × the data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 out="${1:-}"
 SIZE="${SIZE:-4G}"
-REPLICAS="${REPLICAS:-2}"
+REPLICAS="${REPLICAS:-3}"
+SERVER="${SERVER:-moto}"
 WORKDIR="${WORKDIR:-/var/tmp/backup-bench}"
 if [ -z "${ZEBU_BIN_DIR:-}" ]; then
   if [ -x target/release/zebu ]; then ZEBU_BIN_DIR=$root/target/release; else ZEBU_BIN_DIR=$root/target/debug; fi
@@ -36,7 +43,7 @@ zebu="$ZEBU_BIN_DIR/zebu"
 for t in "$zebu" "$ZEBU_BIN_DIR/zebu-engine" "$ZEBU_BIN_DIR/zebu-replica" "$ZEBU_BIN_DIR/zebu-backup-run"; do
   [ -x "$t" ] || { echo "backup-bench: $t is missing (cargo build --workspace --bins)" >&2; exit 2; }
 done
-for t in nbdcopy qemu-img restic curl jq python3; do
+for t in nbdcopy qemu-io restic curl jq python3; do
   command -v "$t" >/dev/null || { echo "backup-bench: $t is missing" >&2; exit 2; }
 done
 
@@ -52,7 +59,7 @@ cleanup() {
   sleep 1
   # The cluster's engines, replicas and upload processes run in their own process groups.
   for p in $(pgrep -f "$WORKDIR/cluster" || true); do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$WORKDIR"
+  [ -n "${KEEP:-}" ] || rm -rf "$WORKDIR" # KEEP=1 keeps the logs
 }
 trap cleanup EXIT
 
@@ -60,20 +67,35 @@ now() { date +%s.%N; }
 since() { python3 -c "import sys;print(f'{float(sys.argv[2])-float(sys.argv[1]):.2f}')" "$1" "$(now)"; }
 rate() { python3 -c "import sys;print(f'{int(sys.argv[1])/float(sys.argv[2])/1048576:.1f}')" "$1" "$2"; }
 ratio() { python3 -c "import sys;print(f'{float(sys.argv[1])/float(sys.argv[2]):.3f}')" "$1" "$2"; }
+verdict() { python3 -c "import sys;print('PASS' if eval(sys.argv[1]) else 'FAIL')" "$1"; }
 free_port() { python3 -c "import socket;s=socket.socket();s.bind(('127.0.0.1',0));print(s.getsockname()[1])"; }
 
-# --- moto
-moto_server=$(bash backupstore/scripts/moto-venv.sh)
+# --- the S3 server
+export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
 port=$(free_port)
-"$moto_server" -H 127.0.0.1 -p "$port" >"$WORKDIR/moto.log" 2>&1 &
-pids+=($!)
+case "$SERVER" in
+  moto)
+    moto_server=$(bash backupstore/scripts/moto-venv.sh)
+    "$moto_server" -H 127.0.0.1 -p "$port" >"$WORKDIR/s3.log" 2>&1 &
+    pids+=($!)
+    server_desc="moto $("$(dirname "$moto_server")/pip" show moto 2>/dev/null | sed -n 's/^Version: //p') (Python)"
+    ;;
+  gofakes3)
+    g="${GOFAKES3:-$(command -v gofakes3 || echo "$HOME/go/bin/gofakes3")}"
+    [ -x "$g" ] || { echo "backup-bench: gofakes3 is missing (go install github.com/johannesboyne/gofakes3/cmd/gofakes3@v1.2.0)" >&2; exit 2; }
+    bash backupstore/scripts/moto-venv.sh >/dev/null # boto3 for the ceiling
+    "$g" -backend memory -host "127.0.0.1:$port" >"$WORKDIR/s3.log" 2>&1 &
+    pids+=($!)
+    server_desc="gofakes3 v1.2.0 (Go, in memory)"
+    ;;
+  *) echo "backup-bench: SERVER is moto or gofakes3" >&2; exit 2 ;;
+esac
 for _ in $(seq 1 300); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.2; done
 curl -s -X PUT "http://127.0.0.1:$port/bench" >/dev/null
-export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
 export AWS_ENDPOINT_URL="http://127.0.0.1:$port"
 count_objects() { # prefix -> "objects bytes" (pages through the listing)
   python3 - "$port" "$1" <<'PY'
-import sys, urllib.request, re
+import sys, urllib.request, urllib.parse, re
 port, prefix = sys.argv[1], sys.argv[2]
 n = size = 0
 token = None
@@ -89,6 +111,36 @@ while True:
         break
     token = m.group(1)
 print(n, size)
+PY
+}
+
+# --- the server's ceiling (before anything else loads it)
+res=$(bash benches/s3-ceiling.sh "$AWS_ENDPOINT_URL" bench 8 4)
+read -r ceil_put ceil_get <<<"$res"
+
+# --- peak RSS of the backup and restore processes: a sampler of VmHWM (the kernel's peak)
+rss_log="$WORKDIR/rss.log"
+(
+  while :; do
+    t=$(date +%s.%N)
+    for p in $(pgrep -x zebu-backup-run || true); do
+      h=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$p/status" 2>/dev/null || true)
+      [ -n "$h" ] && echo "$t $p $h"
+    done
+    sleep 0.25
+  done >"$rss_log"
+) &
+pids+=($!)
+peak_rss() { # t0 t1 -> MiB (the largest VmHWM seen between them)
+  python3 - "$rss_log" "$1" "$2" <<'PY'
+import sys
+log, t0, t1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+peak = 0
+for line in open(log):
+    p = line.split()
+    if len(p) == 3 and t0 <= float(p[0]) <= t1:
+        peak = max(peak, int(p[2]))
+print(f"{peak / 1024:.0f}")
 PY
 }
 
@@ -124,33 +176,86 @@ ep=$("$zebu" volume attach src)
 nbdcopy "$img" "$ep"
 sync
 
-# --- reference: nbdcopy of the volume to a file
-t0=$(now); nbdcopy "$ep" "$WORKDIR/nbdcopy-read.img"; t_read=$(since "$t0")
-cmp "$img" "$WORKDIR/nbdcopy-read.img"
-rm -f "$WORKDIR/nbdcopy-read.img"
+# --- reference: nbdcopy of the volume to null (the read side of the data path)
+t0=$(now); nbdcopy "$ep" null:; t_read=$(since "$t0")
 
-# --- Zebu backup
-t0=$(now); "$zebu" backup create src --name full --wait >"$WORKDIR/backup.out" 2>&1; t_backup=$(since "$t0")
-b=$("$zebu" backup get full -o json)
-read_b=$(jq -r .status.read <<<"$b"); up_b=$(jq -r .status.uploaded <<<"$b"); objs_b=$(jq -r '.status.objects // 0' <<<"$b")
-read -r zebu_objects zebu_stored < <(count_objects zebu/)
+# --- backups
+backup() { # name -> "time read uploaded objects rss"
+  local t0 t b
+  t0=$(now)
+  "$zebu" backup create src --name "$1" --wait >"$WORKDIR/backup-$1.out" 2>&1
+  t=$(since "$t0")
+  b=$("$zebu" backup get "$1" -o json)
+  echo "$t $(jq -r .status.read <<<"$b") $(jq -r .status.uploaded <<<"$b") $(jq -r '.status.objects // 0' <<<"$b") $(peak_rss "$t0" "$(now)")"
+}
+res=$(backup full)
+read -r t_full read_full up_full objs_full rss_full <<<"$res"
+read -r objs_after_full stored_after_full < <(count_objects zebu/)
 
-# --- Zebu restore into a new volume
-t0=$(now)
-"$zebu" volume create dst --from-backup full --replicas "$REPLICAS" --frontend nbd >/dev/null
-wait_restored dst
-t_restore=$(since "$t0")
-dep=$("$zebu" volume attach dst)
-nbdcopy "$dep" "$WORKDIR/restored.img"
-cmp "$img" "$WORKDIR/restored.img"
-rm -f "$WORKDIR/restored.img"
-"$zebu" volume detach dst >/dev/null
+# --- the changes: 256 MiB rewritten in one region (inside the data), 2,000 random 4 KiB
+# writes anywhere; the same writes go to a copy of the image, the expected content.
+img2="$WORKDIR/changed.img"
+cp --sparse=always "$img" "$img2"
+region=$((256 * mib))
+[ "$region" -le $((data / 2)) ] || region=$((data / 2 / mib * mib)) # a small SIZE's trial run
+region_off=$((data / 4 / mib * mib))
+head -c "$region" < <(openssl enc -aes-128-ctr -nosalt -pass pass:zebu-backup-bench-2 -in /dev/zero 2>/dev/null) >"$WORKDIR/region.bin"
+changed_chunks=$(python3 - "$img2" "$WORKDIR/region.bin" "$region_off" "$bytes" "$WORKDIR/qemu-io.cmds" "$region" <<'PY'
+import random, sys
+img, region, off, size, cmds, rlen = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+cs = 1 << 20
+rnd = random.Random(16)
+chunks = set(range(off // cs, (off + rlen) // cs))
+with open(img, "r+b") as f, open(cmds, "w") as c:
+    f.seek(off)
+    f.write(open(region, "rb").read())
+    c.write(f"write -q -s {region} {off} {rlen}\n")
+    for i in range(2000):
+        at = rnd.randrange(size // 4096) * 4096
+        pat = i % 250 + 1
+        f.seek(at)
+        f.write(bytes([pat]) * 4096)
+        c.write(f"write -q -P {pat} {at} 4096\n")
+        chunks.add(at // cs)
+print(len(chunks))
+PY
+)
+changed_bytes=$((changed_chunks * mib))
+qemu_args=()
+while IFS= read -r line; do qemu_args+=(-c "$line"); done <"$WORKDIR/qemu-io.cmds"
+qemu-io -f raw "${qemu_args[@]}" "$ep" >"$WORKDIR/qemu-io.out" 2>&1 || { echo "backup-bench: qemu-io failed:" >&2; tail -5 "$WORKDIR/qemu-io.out" >&2; exit 1; }
+rm -f "$WORKDIR/region.bin"
+res=$(backup incr)
+read -r t_incr read_incr up_incr objs_incr rss_incr <<<"$res"
+read -r objs_after stored_after < <(count_objects zebu/)
+"$zebu" volume detach src >/dev/null
 
-# --- reference: nbdcopy of the image into a new volume
+# --- restores into new volumes, each compared whole with the volume at its snapshot
+restore() { # backup image -> "time downloaded rss"
+  local t0 t dl v=dst-$1
+  t0=$(now)
+  "$zebu" volume create "$v" --from-backup "$1" --replicas "$REPLICAS" --frontend nbd >/dev/null
+  wait_restored "$v"
+  t=$(since "$t0")
+  dl=$("$zebu" volume get "$v" -o json | jq -r '.status.restore.downloaded // 0')
+  local rss; rss=$(peak_rss "$t0" "$(now)")
+  local dep; dep=$("$zebu" volume attach "$v")
+  nbdcopy "$dep" - | cmp - "$2" >&2 || { echo "backup-bench: restore of $1 differs from its source" >&2; exit 1; }
+  "$zebu" volume detach "$v" >/dev/null
+  "$zebu" volume delete "$v" >/dev/null 2>&1 || true
+  echo "$t $dl $rss"
+}
+res=$(restore full "$img")
+read -r t_rfull dl_rfull rss_rfull <<<"$res"
+res=$(restore incr "$img2")
+read -r t_rincr dl_rincr rss_rincr <<<"$res"
+
+# --- reference: nbdcopy of the image into a new volume (the write side of the data path)
 make_volume ref
 rep=$("$zebu" volume attach ref)
 t0=$(now); nbdcopy "$img" "$rep"; t_write=$(since "$t0")
 "$zebu" volume detach ref >/dev/null
+"$zebu" volume delete ref >/dev/null 2>&1 || true
 
 # --- restic: the same image to the same server
 export RESTIC_REPOSITORY="s3:http://127.0.0.1:$port/bench/restic" RESTIC_PASSWORD=zebu-backup-bench
@@ -162,18 +267,38 @@ t0=$(now); restic restore --quiet --no-cache latest --target "$WORKDIR/restic-ou
 cmp "$img" "$WORKDIR/restic-out$img"
 rm -rf "$WORKDIR/restic-out"
 
+gib() { python3 -c "import sys;print(f'{int(sys.argv[1])/(1<<30):.2f}')" "$1"; }
+m() { echo $(($1 / mib)); }
+objs_per_gib=$(python3 -c "print(f'{$objs_after/($stored_after/(1<<30)):.1f}')")
 report=$(cat <<EOF
-backup-bench: $SIZE volume ($((data / mib)) MiB random data, the rest holes), $REPLICAS replicas, moto on 127.0.0.1, $(date -u +%FT%TZ), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), binaries $ZEBU_BIN_DIR
-rates are of the data bytes ($((data / mib)) MiB)
+backup-bench: $SIZE volume ($(m $data) MiB random data, the rest holes), $REPLICAS replicas, server $server_desc on 127.0.0.1, $(date -u +%FT%TZ), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), binaries $ZEBU_BIN_DIR
+server ceiling (boto3, 4 parallel requests of 64 MiB objects): PUT $ceil_put MiB/s, GET $ceil_get MiB/s
+changes for the incremental: $(m $region) MiB region at $(m $region_off) MiB + 2,000 random 4 KiB writes = $changed_chunks changed 1 MiB chunks ($(m $changed_bytes) MiB)
+rates of full rows are of the data bytes ($(m $data) MiB)
 
-| row | time s | MiB/s | reference | ratio |
-|---|---:|---:|---|---:|
-| zebu backup (read $((read_b / mib)) MiB, uploaded $((up_b / mib)) MiB, $objs_b objects) | $t_backup | $(rate "$data" "$t_backup") | nbdcopy volume -> file $t_read s, $(rate "$data" "$t_read") MiB/s | $(ratio "$t_read" "$t_backup") |
-| zebu restore (new $REPLICAS-replica volume, byte-identical) | $t_restore | $(rate "$data" "$t_restore") | nbdcopy file -> new volume $t_write s, $(rate "$data" "$t_write") MiB/s | $(ratio "$t_write" "$t_restore") |
-| restic backup ($restic_objects objects, $((restic_stored / mib)) MiB stored) | $t_restic_b | $(rate "$data" "$t_restic_b") | zebu backup / restic time | $(ratio "$t_backup" "$t_restic_b") |
-| restic restore (to a file) | $t_restic_r | $(rate "$data" "$t_restic_r") | zebu restore / restic time | $(ratio "$t_restore" "$t_restic_r") |
+| row | time s | MiB/s | read MiB | uploaded / downloaded MiB | objects | peak RSS MiB |
+|---|---:|---:|---:|---:|---:|---:|
+| zebu full backup | $t_full | $(rate "$data" "$t_full") | $(m $read_full) | $(m $up_full) | $objs_full | $rss_full |
+| zebu incremental backup | $t_incr | $(rate "$changed_bytes" "$t_incr") (of changed chunks) | $(m $read_incr) | $(m $up_incr) | $objs_incr | $rss_incr |
+| zebu restore of full (new $REPLICAS-replica volume, byte-identical) | $t_rfull | $(rate "$data" "$t_rfull") | | $(m $dl_rfull) | | $rss_rfull |
+| zebu restore of incremental (new volume, byte-identical) | $t_rincr | $(rate "$data" "$t_rincr") | | $(m $dl_rincr) | | $rss_rincr |
+| nbdcopy volume -> null: | $t_read | $(rate "$data" "$t_read") | | | | |
+| nbdcopy image -> new $REPLICAS-replica volume | $t_write | $(rate "$data" "$t_write") | | | | |
+| restic backup of the image | $t_restic_b | $(rate "$data" "$t_restic_b") | | $(m $restic_stored) stored | $restic_objects | |
+| restic restore (to a file) | $t_restic_r | $(rate "$data" "$t_restic_r") | | | | |
 
-zebu store after the backup: $zebu_objects objects, $((zebu_stored / mib)) MiB; $(python3 -c "print(f'{$zebu_objects/($data/(1<<30)):.1f}')") objects per GiB of data
+zebu store after both backups: $objs_after objects, $(m $stored_after) MiB ($objs_after_full objects, $(m $stored_after_full) MiB after the full one)
+
+| goal (issue 16) | measured | verdict |
+|---|---|---|
+| incremental reads < 1.2 x changed chunks | $(m $read_incr) MiB / $(m $changed_bytes) MiB = $(ratio "$read_incr" "$changed_bytes") | $(verdict "$read_incr < 1.2 * $changed_bytes") |
+| incremental uploads < 1.2 x changed chunks | $(m $up_incr) MiB / $(m $changed_bytes) MiB = $(ratio "$up_incr" "$changed_bytes") | $(verdict "$up_incr < 1.2 * $changed_bytes") |
+| store <= 32 objects per GiB of unique data | $objs_after objects / $(gib "$stored_after") GiB stored = $objs_per_gib | $(verdict "$objs_per_gib <= 32") |
+| full backup rate >= 0.7 x nbdcopy read | $(rate "$data" "$t_full") / $(rate "$data" "$t_read") MiB/s = $(ratio "$t_read" "$t_full") | $(verdict "$t_read / $t_full >= 0.7") |
+| restore rate >= 0.7 x nbdcopy write (full) | $(rate "$data" "$t_rfull") / $(rate "$data" "$t_write") MiB/s = $(ratio "$t_write" "$t_rfull") | $(verdict "$t_write / $t_rfull >= 0.7") |
+| restore rate >= 0.7 x nbdcopy write (incremental) | $(rate "$data" "$t_rincr") / $(rate "$data" "$t_write") MiB/s = $(ratio "$t_write" "$t_rincr") | $(verdict "$t_write / $t_rincr >= 0.7") |
+| restores byte-identical | both compared whole with cmp | PASS |
+| each chunk downloaded once (full restore) | $(m $dl_rfull) MiB downloaded / $(m $up_full) MiB stored by the full backup | $(verdict "$dl_rfull <= 1.02 * $up_full + (1 << 20)") |
 EOF
 )
 echo "$report"

@@ -17,6 +17,7 @@
 //! its pack parts; the plan is a list of extents, not of blocks.
 
 use std::ops::Range;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -145,7 +146,16 @@ pub async fn run(spec: &JobSpec, job: &BackupJob, rep: &Reporter) -> Result<(), 
     }))
     .buffered(READS_IN_FLIGHT);
     let mut done = 0u64;
-    while let Some(next) = reads.next().await {
+    // Where the time goes: waiting for the replica's reads or for the writer (hash,
+    // compress, upload: it takes a chunk only when its pipeline has room).
+    let (mut wait_reads, mut wait_writer) = (Duration::ZERO, Duration::ZERO);
+    loop {
+        let t = Instant::now();
+        let Some(next) = reads.next().await else {
+            break;
+        };
+        wait_reads += t.elapsed();
+        let t = Instant::now();
         let (win, data) = match next {
             Ok(x) => x,
             Err(e) => {
@@ -159,6 +169,7 @@ pub async fn run(spec: &JobSpec, job: &BackupJob, rep: &Reporter) -> Result<(), 
                 return Err(e.into());
             }
         }
+        wait_writer += t.elapsed();
         done += win.end - win.start;
         let p = w.progress();
         rep.update(|r| {
@@ -172,7 +183,9 @@ pub async fn run(spec: &JobSpec, job: &BackupJob, rep: &Reporter) -> Result<(), 
         let _ = w.abort().await;
         return Err(JobFailure::transient(e.to_string()));
     }
+    let t = Instant::now();
     let m = w.commit().await?;
+    let wait_commit = t.elapsed();
     rep.update(|r| {
         fill_from_manifest(r, &m);
         r.bytes_done = total;
@@ -182,7 +195,8 @@ pub async fn run(spec: &JobSpec, job: &BackupJob, rep: &Reporter) -> Result<(), 
         r.objects = m.stats.packs + 1;
     });
     tracing::info!(backup = %name, bytes_read = reader.bytes_read(), uploaded = m.stats.new_stored_bytes,
-        packs = m.stats.packs, failovers = reader.failovers(), "backup done");
+        packs = m.stats.packs, failovers = reader.failovers(), wait_reads_ms = wait_reads.as_millis() as u64,
+        wait_writer_ms = wait_writer.as_millis() as u64, wait_commit_ms = wait_commit.as_millis() as u64, "backup done");
     Ok(())
 }
 
