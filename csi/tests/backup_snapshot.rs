@@ -14,7 +14,8 @@ mod store_fixtures;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{Plugin, Up, mount_cap, qemu_io, read_all, retry_aborted};
+use common::ctl::{Ctl, create_req, delete_snapshot, publish};
+use common::{Plugin, Up, qemu_io, read_all, retry_aborted};
 use store_fixtures::Moto;
 use tonic::Code;
 use zebu_csi::Endpoint;
@@ -24,24 +25,6 @@ use zebu_proto::csi::volume_content_source::{SnapshotSource, Type as SourceType}
 
 const MIB: i64 = 1 << 20;
 const NODE: &str = "node-1";
-
-type Ctl = ControllerClient<tonic::transport::Channel>;
-
-fn create_req(name: &str, required: i64, params: &[(&str, &str)]) -> csi::CreateVolumeRequest {
-    csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: (required > 0).then_some(csi::CapacityRange {
-            required_bytes: required,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![mount_cap()],
-        parameters: params
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..Default::default()
-    }
-}
 
 fn from_snapshot(mut req: csi::CreateVolumeRequest, id: &str) -> csi::CreateVolumeRequest {
     req.volume_content_source = Some(csi::VolumeContentSource {
@@ -95,37 +78,6 @@ fn snapshots(up: &Up, volume: &str) -> Vec<String> {
         .iter()
         .filter_map(|s| s["name"].as_str().map(str::to_string))
         .collect()
-}
-
-async fn publish(ctl: &mut Ctl, volume: &str) -> String {
-    let req = csi::ControllerPublishVolumeRequest {
-        volume_id: volume.into(),
-        node_id: NODE.into(),
-        volume_capability: Some(mount_cap()),
-        ..Default::default()
-    };
-    let ctx = retry_aborted(&format!("publish {volume}"), || {
-        let mut c = ctl.clone();
-        let r = req.clone();
-        async move { c.controller_publish_volume(r).await }
-    })
-    .await
-    .into_inner()
-    .publish_context;
-    ctx["nbdUri"].clone()
-}
-
-async fn delete_snapshot(ctl: &mut Ctl, id: &str) {
-    let req = csi::DeleteSnapshotRequest {
-        snapshot_id: id.into(),
-        ..Default::default()
-    };
-    retry_aborted(&format!("DeleteSnapshot {id}"), || {
-        let mut c = ctl.clone();
-        let r = req.clone();
-        async move { c.delete_snapshot(r).await }
-    })
-    .await;
 }
 
 async fn list_ids(ctl: &mut Ctl, req: csi::ListSnapshotsRequest) -> Vec<(String, bool)> {
@@ -188,7 +140,7 @@ async fn backup_snapshots_are_backups_and_restore_through_create_volume() {
         .volume
         .expect("volume")
         .volume_id;
-    let uri = publish(&mut ctl, &src).await;
+    let uri = publish(&ctl, &src, NODE).await["nbdUri"].clone();
     qemu_io(&uri, "write -P 0x5a 0 1M");
     qemu_io(&uri, "write -P 0xa5 13M 3M");
     qemu_io(&uri, "write -P 0x3c 31M 1M");
@@ -365,7 +317,7 @@ async fn backup_snapshots_are_backups_and_restore_through_create_volume() {
     assert_eq!(v["spec"]["numberOfReplicas"], 3, "{v}");
     assert_eq!(v["status"]["restore"]["backup"], name, "{v}");
     let got = read_all(
-        &publish(&mut ctl, &vol.volume_id).await,
+        &publish(&ctl, &vol.volume_id, NODE).await["nbdUri"],
         tmp,
         "restored.img",
     );
@@ -399,8 +351,8 @@ async fn backup_snapshots_are_backups_and_restore_through_create_volume() {
 
     // DeleteSnapshot: the backups go from the target, with the snapshots they took; again
     // and for a backup that never was, OK.
-    delete_snapshot(&mut ctl, &early.snapshot_id).await;
-    delete_snapshot(&mut ctl, &id).await;
+    delete_snapshot(&ctl, &early.snapshot_id).await;
+    delete_snapshot(&ctl, &id).await;
     assert_eq!(backups(&up), Vec::<String>::new());
     assert_eq!(
         manifests(&moto),
@@ -412,8 +364,8 @@ async fn backup_snapshots_are_backups_and_restore_through_create_volume() {
         !left.iter().any(|s| s == name || s == "snapshot-early"),
         "the backups' snapshots stayed: {left:?}"
     );
-    delete_snapshot(&mut ctl, &id).await;
-    delete_snapshot(&mut ctl, "backup:never-was").await;
+    delete_snapshot(&ctl, &id).await;
+    delete_snapshot(&ctl, "backup:never-was").await;
     let by_id = list_ids(
         &mut ctl,
         csi::ListSnapshotsRequest {

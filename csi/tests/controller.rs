@@ -5,11 +5,11 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Plugin, Up, first_difference, mount_cap, qemu_io, read_all, retry_aborted};
+use common::ctl::{Ctl, create, create_req, delete_volume, publish, unpublish};
+use common::{Plugin, Up, first_difference, mount_cap, qemu_io, read_all};
 use tonic::Code;
 use tonic::transport::Channel;
 use zebu_csi::Endpoint;
@@ -19,26 +19,10 @@ use zebu_proto::csi::node_client::NodeClient;
 
 const MIB: i64 = 1 << 20;
 
-fn create_req(name: &str, size: i64, params: &[(&str, &str)]) -> csi::CreateVolumeRequest {
-    csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: size,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![mount_cap()],
-        parameters: params
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..Default::default()
-    }
-}
-
 struct Env {
     up: Up,
     plugin: Plugin,
-    ctl: ControllerClient<Channel>,
+    ctl: Ctl,
     node: NodeClient<Channel>,
     _dir: tempfile::TempDir,
 }
@@ -67,72 +51,10 @@ async fn env() -> Env {
     }
 }
 
-/// Create, retrying while the plugin answers "in progress" (as the provisioner does).
-async fn create(ctl: &mut ControllerClient<Channel>, req: csi::CreateVolumeRequest) -> csi::Volume {
-    let name = req.name.clone();
-    retry_aborted(&format!("CreateVolume {name}"), || {
-        let mut c = ctl.clone();
-        let r = req.clone();
-        async move { c.create_volume(r).await }
-    })
-    .await
-    .into_inner()
-    .volume
-    .expect("volume")
-}
-
-async fn publish(
-    ctl: &mut ControllerClient<Channel>,
-    id: &str,
-    node: &str,
-) -> HashMap<String, String> {
-    let req = csi::ControllerPublishVolumeRequest {
-        volume_id: id.into(),
-        node_id: node.into(),
-        volume_capability: Some(mount_cap()),
-        ..Default::default()
-    };
-    retry_aborted(&format!("ControllerPublishVolume {id}"), || {
-        let mut c = ctl.clone();
-        let r = req.clone();
-        async move { c.controller_publish_volume(r).await }
-    })
-    .await
-    .into_inner()
-    .publish_context
-}
-
-async fn unpublish(ctl: &mut ControllerClient<Channel>, id: &str, node: &str) {
-    let req = csi::ControllerUnpublishVolumeRequest {
-        volume_id: id.into(),
-        node_id: node.into(),
-        ..Default::default()
-    };
-    retry_aborted(&format!("ControllerUnpublishVolume {id}"), || {
-        let mut c = ctl.clone();
-        let r = req.clone();
-        async move { c.controller_unpublish_volume(r).await }
-    })
-    .await;
-}
-
-async fn delete(ctl: &mut ControllerClient<Channel>, id: &str) {
-    let req = csi::DeleteVolumeRequest {
-        volume_id: id.into(),
-        ..Default::default()
-    };
-    retry_aborted(&format!("DeleteVolume {id}"), || {
-        let mut c = ctl.clone();
-        let r = req.clone();
-        async move { c.delete_volume(r).await }
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_a_precise_code_and_disturbs_nothing() {
     let mut e = env().await;
-    let good = create(&mut e.ctl, create_req("Bad-Input-Keep", 16 * MIB, &[])).await;
+    let good = create(&e.ctl, create_req("Bad-Input-Keep", 16 * MIB, &[])).await;
 
     // An unknown StorageClass parameter: InvalidArgument naming the key.
     let err = e
@@ -212,7 +134,7 @@ async fn bad_input_gets_a_precise_code_and_disturbs_nothing() {
     assert!(err.message().contains("node-9"), "{err:?}");
 
     // A staging path that is a file: InvalidArgument, nothing attached.
-    let ctx = publish(&mut e.ctl, &good.volume_id, "node-1").await;
+    let ctx = publish(&e.ctl, &good.volume_id, "node-1").await;
     let file = e.plugin.state_dir.parent().expect("dir").join("not-a-dir");
     std::fs::write(&file, b"x").expect("file");
     let err = e
@@ -229,7 +151,7 @@ async fn bad_input_gets_a_precise_code_and_disturbs_nothing() {
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("not a directory"), "{err:?}");
     assert!(common::loops_under(e.plugin.state_dir.as_path()).is_empty());
-    unpublish(&mut e.ctl, &good.volume_id, "node-1").await;
+    unpublish(&e.ctl, &good.volume_id, "node-1").await;
 
     // The volume is still there, healthy, and deletes cleanly.
     let v = e
@@ -241,7 +163,7 @@ async fn bad_input_gets_a_precise_code_and_disturbs_nothing() {
         .expect("get")
         .into_inner();
     assert_eq!(v.volume.expect("volume").capacity_bytes, 16 * MIB);
-    delete(&mut e.ctl, &good.volume_id).await;
+    delete_volume(&e.ctl, &good.volume_id).await;
     common::wait_for("the replica directories to go", 60, || {
         e.up.replica_dirs().is_empty()
     });
@@ -253,11 +175,11 @@ async fn snapshot_restore_clone_and_expand_keep_every_block() {
     let tmp = e._dir.path().to_path_buf();
     let size = 32 * MIB;
     let src = create(
-        &mut e.ctl,
+        &e.ctl,
         create_req("Source-Volume", size, &[("numberOfReplicas", "3")]),
     )
     .await;
-    let ctx = publish(&mut e.ctl, &src.volume_id, "node-1").await;
+    let ctx = publish(&e.ctl, &src.volume_id, "node-1").await;
     let uri = ctx.get("nbdUri").expect("an NBD publish context").clone();
     // Data at the start, in the middle and at the very end; the rest stays holes.
     qemu_io(&uri, "write -P 0x5a 0 1M");
@@ -265,7 +187,7 @@ async fn snapshot_restore_clone_and_expand_keep_every_block() {
     qemu_io(&uri, "write -P 0x3c 31M 1M");
     let want = read_all(&uri, &tmp, "src.img");
     assert_eq!(want.len() as i64, size);
-    unpublish(&mut e.ctl, &src.volume_id, "node-1").await;
+    unpublish(&e.ctl, &src.volume_id, "node-1").await;
 
     // A snapshot of the detached volume.
     let snap = e
@@ -294,9 +216,9 @@ async fn snapshot_restore_clone_and_expand_keep_every_block() {
     assert_eq!(listed.entries.len(), 1, "{listed:?}");
 
     // Writes after the snapshot must not reach the volume made from it.
-    let ctx = publish(&mut e.ctl, &src.volume_id, "node-1").await;
+    let ctx = publish(&e.ctl, &src.volume_id, "node-1").await;
     qemu_io(&ctx["nbdUri"], "write -P 0xff 0 4k");
-    unpublish(&mut e.ctl, &src.volume_id, "node-1").await;
+    unpublish(&e.ctl, &src.volume_id, "node-1").await;
 
     let mut from_snap = create_req("From-Snapshot", size, &[("numberOfReplicas", "2")]);
     from_snap.volume_content_source = Some(csi::VolumeContentSource {
@@ -306,7 +228,7 @@ async fn snapshot_restore_clone_and_expand_keep_every_block() {
             },
         )),
     });
-    let restored = create(&mut e.ctl, from_snap).await;
+    let restored = create(&e.ctl, from_snap).await;
     let mut clone_req = create_req("Clone-Of-Source", size, &[]);
     clone_req.volume_content_source = Some(csi::VolumeContentSource {
         r#type: Some(csi::volume_content_source::Type::Volume(
@@ -315,9 +237,9 @@ async fn snapshot_restore_clone_and_expand_keep_every_block() {
             },
         )),
     });
-    let clone = create(&mut e.ctl, clone_req).await;
+    let clone = create(&e.ctl, clone_req).await;
 
-    let ctx = publish(&mut e.ctl, &restored.volume_id, "node-2").await;
+    let ctx = publish(&e.ctl, &restored.volume_id, "node-2").await;
     let got = read_all(&ctx["nbdUri"], &tmp, "restored.img");
     assert_eq!(got.len(), want.len());
     assert_eq!(
@@ -325,9 +247,9 @@ async fn snapshot_restore_clone_and_expand_keep_every_block() {
         None,
         "the volume from the snapshot differs"
     );
-    unpublish(&mut e.ctl, &restored.volume_id, "node-2").await;
+    unpublish(&e.ctl, &restored.volume_id, "node-2").await;
 
-    let ctx = publish(&mut e.ctl, &clone.volume_id, "node-1").await;
+    let ctx = publish(&e.ctl, &clone.volume_id, "node-1").await;
     let got = read_all(&ctx["nbdUri"], &tmp, "clone.img");
     let mut want_now = want.clone();
     want_now[..4096].fill(0xff);
@@ -367,7 +289,7 @@ async fn snapshot_restore_clone_and_expand_keep_every_block() {
     qemu_io(&ctx["nbdUri"], "write -P 0x77 63M 1M");
     qemu_io(&ctx["nbdUri"], "read -P 0x77 63M 1M");
     qemu_io(&ctx["nbdUri"], "read -P 0x3c 31M 1M");
-    unpublish(&mut e.ctl, &clone.volume_id, "node-1").await;
+    unpublish(&e.ctl, &clone.volume_id, "node-1").await;
 
     // Offline expansion of the detached source.
     let r = e
@@ -384,10 +306,10 @@ async fn snapshot_restore_clone_and_expand_keep_every_block() {
         .expect("offline expand")
         .into_inner();
     assert_eq!(r.capacity_bytes, 3 * size);
-    let ctx = publish(&mut e.ctl, &src.volume_id, "node-1").await;
+    let ctx = publish(&e.ctl, &src.volume_id, "node-1").await;
     qemu_io(&ctx["nbdUri"], "read -P 0xa5 13M 3M");
     qemu_io(&ctx["nbdUri"], "read -P 0 95M 1M");
-    unpublish(&mut e.ctl, &src.volume_id, "node-1").await;
+    unpublish(&e.ctl, &src.volume_id, "node-1").await;
 
     // The snapshot goes, then every volume and every replica directory.
     e.ctl
@@ -398,7 +320,7 @@ async fn snapshot_restore_clone_and_expand_keep_every_block() {
         .await
         .expect("delete snapshot");
     for id in [&src.volume_id, &restored.volume_id, &clone.volume_id] {
-        delete(&mut e.ctl, id).await;
+        delete_volume(&e.ctl, id).await;
     }
     common::wait_for("every replica directory to be removed", 90, || {
         e.up.replica_dirs().is_empty()

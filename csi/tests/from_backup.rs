@@ -10,6 +10,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use common::ctl::create_req;
 use common::{Plugin, Up, mount_cap, qemu_io, read_all};
 use tonic::Code;
 use zebu_csi::Endpoint;
@@ -17,22 +18,6 @@ use zebu_proto::csi;
 use zebu_proto::csi::controller_client::ControllerClient;
 
 const MIB: i64 = 1 << 20;
-
-fn create_req(name: &str, params: &[(&str, &str)]) -> csi::CreateVolumeRequest {
-    csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: 32 * MIB,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![mount_cap()],
-        parameters: params
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..Default::default()
-    }
-}
 
 fn ok(up: &Up, args: &[&str]) -> String {
     let out = up.zebu(args);
@@ -100,7 +85,11 @@ async fn from_backup_restores_the_backup_into_the_new_volume() {
 
     // Refused: a backup that does not exist, a parameter a restore drops, a second source.
     let err = ctl
-        .create_volume(create_req("bad", &[("fromBackup", "no-such-backup")]))
+        .create_volume(create_req(
+            "bad",
+            32 * MIB,
+            &[("fromBackup", "no-such-backup")],
+        ))
         .await
         .expect_err("no such backup");
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
@@ -108,13 +97,14 @@ async fn from_backup_restores_the_backup_into_the_new_volume() {
     let err = ctl
         .create_volume(create_req(
             "bad",
+            32 * MIB,
             &[("fromBackup", "b1"), ("dataLocality", "best-effort")],
         ))
         .await
         .expect_err("dataLocality with fromBackup");
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("dataLocality"), "{err:?}");
-    let mut both = create_req("bad", &[("fromBackup", "b1")]);
+    let mut both = create_req("bad", 32 * MIB, &[("fromBackup", "b1")]);
     both.volume_content_source = Some(csi::VolumeContentSource {
         r#type: Some(csi::volume_content_source::Type::Volume(
             csi::volume_content_source::VolumeSource {
@@ -135,6 +125,7 @@ async fn from_backup_restores_the_backup_into_the_new_volume() {
     // The restore: Aborted while it runs, then the volume; a repeat finds the same one.
     let req = create_req(
         "Restored-From-B1",
+        32 * MIB,
         &[("fromBackup", "b1"), ("numberOfReplicas", "3")],
     );
     let t0 = Instant::now();
@@ -167,7 +158,7 @@ async fn from_backup_restores_the_backup_into_the_new_volume() {
         .expect("volume");
     assert_eq!(again.volume_id, vol.volume_id);
     let other = ctl
-        .create_volume(create_req("Restored-From-B1", &[]))
+        .create_volume(create_req("Restored-From-B1", 32 * MIB, &[]))
         .await
         .expect_err("the same name without the backup");
     assert_eq!(other.code(), Code::AlreadyExists, "{other:?}");

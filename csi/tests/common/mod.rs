@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod ctl;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
