@@ -16,11 +16,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tonic::Code;
 use zebu_engine::blockdev::BlockDevice;
-use zebu_engine::workload::{Expect, RunId};
 use zebu_proto::frames::{
     self, Batch, Decoded, Hello, MAX_FRAME_PAYLOAD, Request, RequestHeader, RequestOp, Response,
 };
 use zebu_proto::replica::{MAX_IO_BYTES, Status};
+use zebu_testkit::workload::{Expect, RunId};
 use zebu_tests::engine::{
     Background, Cluster, assert_clean_run, assert_verified, busy_workload, mode_in,
 };

@@ -26,7 +26,7 @@ use serde_json::json;
 use zebu_benches::{GIB, KIB, MIB, WORKLOADS, Workload, select_workloads};
 use zebu_engine::blockdev::BlockDevice;
 use zebu_engine::replicator::{StartOptions, Volume, VolumeConfig};
-use zebu_engine::workload::NbdClient;
+use zebu_testkit::workload::NbdClient;
 use zebu_tests::{ReplicaProcess, bin_path, loopback};
 
 /// Replica `i` (0-based) listens on 127.0.0.(11 + i).
