@@ -220,6 +220,20 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// A rebuild's state from the engine's answer: the enum, or the word an engine before
+/// protocol 3 sends instead.
+fn rebuild_state(s: &pb::RebuildStatusResponse) -> pb::RebuildState {
+    match s.rebuild_state() {
+        pb::RebuildState::Unspecified => match s.state.as_str() {
+            "running" => pb::RebuildState::Running,
+            "done" => pb::RebuildState::Done,
+            "failed" => pb::RebuildState::Failed,
+            _ => pb::RebuildState::Idle,
+        },
+        known => known,
+    }
+}
+
 /// Polls the rebuild status until the add of `address` is done (then the volume's info) or
 /// failed (then its reason as the error).
 async fn wait_added(
@@ -232,10 +246,11 @@ async fn wait_added(
             .await
             .map_err(|s| anyhow::anyhow!("{}", s.message()))?
             .into_inner();
-        if s.replica == address && s.state == "failed" {
+        let state = rebuild_state(&s);
+        if s.replica == address && state == pb::RebuildState::Failed {
             anyhow::bail!("adding replica {address} failed: {}", s.error);
         }
-        if s.replica != address || s.state != "running" {
+        if s.replica != address || state != pb::RebuildState::Running {
             return Ok(c
                 .info(pb::InfoRequest {})
                 .await
