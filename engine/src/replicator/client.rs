@@ -278,30 +278,9 @@ pub async fn connect_channel(addr: &str, timeout: Duration) -> Result<Channel, P
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(timeout)
         .keep_alive_while_idle(true);
-    let connected = match replica_tls() {
-        None => endpoint.connect().await,
-        Some(tls) => {
-            // HTTP/2 over the TLS stream made here (the replica port speaks h2 without ALPN,
-            // as over plain TCP); every reconnect of the channel goes through it again.
-            let tls = tls.clone();
-            let addr = addr.to_string();
-            let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-                let (tls, addr) = (tls.clone(), addr.clone());
-                async move {
-                    let stream = tokio::time::timeout(timeout, tls_connect(&tls, &addr))
-                        .await
-                        .map_err(|_| {
-                            std::io::Error::new(
-                                std::io::ErrorKind::TimedOut,
-                                format!("TLS connect {addr}: no answer within {timeout:?}"),
-                            )
-                        })??;
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-                }
-            });
-            endpoint.connect_with_connector(connector).await
-        }
-    };
+    // Over TLS with `--tls-ca`: HTTP/2 inside the TLS stream, every reconnect through the
+    // handshake again (`zebu_proto::tls::grpc_channel`, shared with the manager's clients).
+    let connected = zebu_proto::tls::grpc_channel(endpoint, addr, replica_tls(), timeout).await;
     connected.map_err(|e| {
         let why = std::error::Error::source(&e).map_or_else(String::new, |s| format!(": {s}"));
         PathError::Disconnected(format!("connect {addr}: {e}{why}"))
@@ -321,21 +300,6 @@ pub fn set_replica_tls(
 
 pub(super) fn replica_tls() -> Option<&'static zebu_proto::tls::TlsConnector> {
     REPLICA_TLS.get()
-}
-
-/// A TCP connection to `addr` and a TLS handshake on it that checks the replica's
-/// certificate against the name in `addr`.
-pub(super) async fn tls_connect(
-    tls: &zebu_proto::tls::TlsConnector,
-    addr: &str,
-) -> std::io::Result<zebu_proto::tls::client::TlsStream<tokio::net::TcpStream>> {
-    let name = zebu_proto::tls::server_name(addr)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    tcp.set_nodelay(true)?;
-    tls.connect(name, tcp)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("TLS handshake with {addr}: {e}")))
 }
 
 /// The volume's secret, once [`set_volume_secret`] gave it. Process-wide because one engine

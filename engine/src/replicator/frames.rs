@@ -287,7 +287,7 @@ async fn handshake(addr: &str, hello: Hello) -> Result<(Welcomed, BytesMut, Stri
             (Stream::Tcp(stream), rest, message)
         }
         Some(tls) => {
-            let mut stream = super::client::tls_connect(tls, addr)
+            let mut stream = zebu_proto::tls::connect(tls, addr)
                 .await
                 .map_err(|e| PathError::Disconnected(format!("connect {addr}: {e}")))?;
             let (rest, message) = say_hello(&mut stream, addr, hello).await?;
