@@ -204,11 +204,12 @@ fn zebu_up_with_replica_tls_serves_backs_up_and_copies_over_tls_and_refuses_plai
     }
     let engines = cmdlines("zebu-engine", &needle);
     assert_eq!(engines.len(), 1, "{engines:?}");
+    let engine_ca =
+        flag(&engines[0], "--tls-ca").unwrap_or_else(|| panic!("no --tls-ca: {:?}", engines[0]));
     assert_eq!(
-        flag(&engines[0], "--tls-ca"),
-        ca.to_str(),
-        "{:?}",
-        engines[0]
+        std::fs::read(engine_ca).expect("the engine's CA file"),
+        std::fs::read(&ca).expect("the cluster's CA"),
+        "the engine trusts the cluster's CA ({engine_ca})"
     );
 
     // Plaintext clients get nothing from the replicas and change nothing on them; a client
