@@ -283,6 +283,14 @@ async fn serve(args: ServeArgs, control: Option<String>) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
+    // The same replica twice would be two members writing one directory (issue 18: it was
+    // accepted, and the volume read degraded).
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &args.replicas {
+        if !seen.insert(r.as_str()) {
+            anyhow::bail!("--replica {r} is given twice; name each replica once");
+        }
+    }
     let control_addr: SocketAddr = match (args.control_listen, control) {
         (Some(a), _) => a,
         (None, Some(c)) => c
