@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use zebu_engine::blockdev::BlockDevice;
+use zebu_proto::ids::RequestId;
 use zebu_proto::replica as rpb;
 use zebu_proto::replica::data_request::Op;
 use zebu_tests::engine::{Cluster, Fingerprint, mode_in};
@@ -605,7 +606,7 @@ async fn partly_sent_writes_on_many_connections_take_one_bounded_budget() -> any
         s.read_exact(&mut answer).await?;
         assert_eq!(answer[0], 0, "hello {i} refused");
         let header = Request {
-            id: i + 1,
+            id: RequestId(i + 1),
             op: RequestOp::Write {
                 offset: 0,
                 data: Bytes::from(vec![0u8; len as usize]),

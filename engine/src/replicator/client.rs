@@ -153,7 +153,7 @@ impl dyn DataPath {
     pub async fn read(&self, id: RequestId, offset: u64, length: u64) -> Result<Bytes, PathError> {
         let resp = self
             .call(Request {
-                id: id.0,
+                id,
                 op: RequestOp::Read { offset, length },
             })
             .await?;
@@ -176,7 +176,7 @@ impl dyn DataPath {
         sums: Option<BlockSums>,
     ) -> Result<(), PathError> {
         self.call(Request {
-            id: id.0,
+            id,
             op: RequestOp::Write { offset, data, sums },
         })
         .await
@@ -192,7 +192,7 @@ impl dyn DataPath {
         zero_fill: bool,
     ) -> Result<(), PathError> {
         self.call(Request {
-            id: id.0,
+            id,
             op: RequestOp::Unmap {
                 offset,
                 length,
@@ -211,7 +211,7 @@ impl dyn DataPath {
     ) -> Result<FlushNumber, PathError> {
         let resp = self
             .call(Request {
-                id: id.0,
+                id,
                 op: RequestOp::Flush {
                     flush_number: number.0,
                 },
@@ -231,7 +231,7 @@ impl dyn DataPath {
                 length: 4096,
             }
         };
-        self.call(Request { id: id.0, op }).await.map(|_| ())
+        self.call(Request { id, op }).await.map(|_| ())
     }
 }
 
@@ -257,7 +257,7 @@ pub(super) fn refused_for_version(e: &PathError) -> bool {
     matches!(e, PathError::Refused(why) if why.contains("protocol version"))
 }
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<pb::DataResponse>>>>;
+type Pending = Arc<Mutex<HashMap<RequestId, oneshot::Sender<pb::DataResponse>>>>;
 
 /// [`DataPath`] over the gRPC data stream.
 pub struct GrpcDataPath {
@@ -423,7 +423,10 @@ impl GrpcDataPath {
         let (p, c) = (pending.clone(), closed.clone());
         tokio::spawn(async move {
             while let Ok(Some(resp)) = inbound.message().await {
-                let waiter = p.lock().expect("invariant: pending lock").remove(&resp.id);
+                let waiter = p
+                    .lock()
+                    .expect("invariant: pending lock")
+                    .remove(&RequestId(resp.id));
                 if let Some(w) = waiter {
                     let _ = w.send(resp);
                 }
