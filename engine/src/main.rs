@@ -161,11 +161,13 @@ enum OnOff {
 #[derive(Subcommand)]
 enum ReplicaCmd {
     Ls,
-    /// Add a replica and bring it in sync in the background.
+    /// Add a replica and bring it in sync in the background. Returns once it joined the
+    /// volume; one that cannot join (unreachable, not a replica, another volume's, another
+    /// size, a member already) exits non-zero with the reason.
     Add {
         address: String,
-        /// Wait until it is in sync; if the rebuild fails (a replica of another volume, one
-        /// that is unreachable), exit non-zero with the reason.
+        /// Also wait until it is in sync; if the rebuild fails later, exit non-zero with the
+        /// reason.
         #[arg(long)]
         wait: bool,
     },
