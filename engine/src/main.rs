@@ -161,9 +161,10 @@ enum OnOff {
 #[derive(Subcommand)]
 enum ReplicaCmd {
     Ls,
-    /// Add a replica and bring it in sync in the background. Returns once it joined the
-    /// volume; one that cannot join (unreachable, not a replica, another volume's, another
-    /// size, a member already) exits non-zero with the reason.
+    /// Add a replica and bring it in sync in the background. A replica that cannot join
+    /// (unreachable or not answering, not a replica, another volume's, another size, a
+    /// member already) is refused at once, changing nothing, and the command exits non-zero
+    /// with the reason.
     Add {
         address: String,
         /// Also wait until it is in sync; if the rebuild fails later, exit non-zero with the

@@ -143,7 +143,7 @@ fn one_line_failure(out: &std::process::Output, what: &str) -> String {
 /// Finding 8, the engine's part: `replica add` of an address where nothing listens, or of
 /// the engine's own control or NBD port, answered rc 0 (the failure showed only in
 /// rebuild-status), and the same `--replica` given twice was accepted (the volume then read
-/// degraded). Now `replica add` returns only once the replica joined, so each of these
+/// degraded). Now `replica add` asks the replica before anything changes, so each of these
 /// exits non-zero with the reason and the volume keeps its three RW members; and an engine
 /// given one replica twice refuses to start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -177,7 +177,7 @@ async fn replica_add_of_nothing_or_the_engines_own_ports_fails_and_a_repeated_re
             "{what}: listed as a replica: {i:?}"
         );
         let st = c.engine().rebuild_status().await?;
-        assert_eq!(st.state, "failed", "{what}: {st:?}");
+        assert_ne!(st.state, "running", "{what}: {st:?}");
     }
     expect_through(&c, 0x2e, MIB, "after the refused adds").await?;
 

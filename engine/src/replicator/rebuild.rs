@@ -98,10 +98,10 @@ impl Volume {
     }
 
     /// Adds the replica at `addr` and brings it in sync in the background; progress shows in
-    /// [`Volume::rebuild_status`]. Returns once the replica has joined the volume (as WO),
-    /// or with the reason it cannot: unreachable, not a replica (another service's port),
-    /// another volume's, of another size, a member already (issue 18: `replica add` of an
-    /// address where nothing listens answered OK before, and failed only in the status).
+    /// [`Volume::rebuild_status`]. Fails at once, changing nothing, if the replica cannot
+    /// join: unreachable or not answering, not a replica (another service's port), another
+    /// volume's, of another size, a member already (issue 18: `replica add` of an address
+    /// where nothing listens answered OK before, and failed only in the status).
     pub async fn start_rebuild(self: &Arc<Self>, addr: &str) -> Result<(), Arc<VolumeError>> {
         let now = self.rebuild_status();
         if now.state.is_running() {
@@ -117,6 +117,9 @@ impl Volume {
         {
             return Err(Arc::new(self.already_member(&r)));
         }
+        // Asked before anything changes: a failed replica that still does not answer stays
+        // listed as ERR, and the tracker keeps the last rebuild's outcome.
+        self.probe_target(addr).await.map_err(Arc::new)?;
         // Running from here on, so a client polling the status right after this call sees
         // this rebuild and not the one before.
         self.set_status(|s| {
@@ -126,33 +129,15 @@ impl Volume {
                 ..RebuildStatus::default()
             }
         });
-        let (joined, has_joined) = tokio::sync::oneshot::channel();
         let v = self.clone();
         let owned = addr.to_string();
-        tokio::spawn(async move { v.rebuild_and_tell(&owned, Some(joined)).await });
-        match has_joined.await {
-            Ok(res) => res,
-            // The task ended without a word: only a panic does that.
-            Err(_) => Err(Arc::new(VolumeError::FailedDuringRebuild {
-                volume: self.name().to_string(),
-                replica: addr.to_string(),
-                reason: "the rebuild task ended before the replica joined".into(),
-            })),
-        }
+        tokio::spawn(async move { v.rebuild(&owned).await });
+        Ok(())
     }
 
     /// Brings the replica at `addr` in sync (waiting for a rebuild already running), keeping
     /// [`Volume::rebuild_status`] up to date. The error is the one the status shows.
     pub async fn rebuild(self: &Arc<Self>, addr: &str) -> Result<(), Arc<VolumeError>> {
-        self.rebuild_and_tell(addr, None).await
-    }
-
-    /// [`Volume::rebuild`], telling `joined` once the replica joined, or why it did not.
-    async fn rebuild_and_tell(
-        self: &Arc<Self>,
-        addr: &str,
-        mut joined: Option<Joined>,
-    ) -> Result<(), Arc<VolumeError>> {
         let _ops = self.ops.lock().await;
         self.set_status(|s| {
             *s = RebuildStatus {
@@ -161,20 +146,13 @@ impl Volume {
                 ..Default::default()
             }
         });
-        let res = self
-            .rebuild_locked(addr, &mut joined)
-            .await
-            .map_err(Arc::new);
+        let res = self.rebuild_locked(addr).await.map_err(Arc::new);
         self.set_status(|s| {
             s.state = match &res {
                 Ok(()) => RebuildState::Done,
                 Err(e) => RebuildState::Failed(e.clone()),
             }
         });
-        if let Some(tell) = joined.take() {
-            // Failed before joining; nobody listening any more is fine.
-            let _ = tell.send(res.clone());
-        }
         match &res {
             Ok(()) => tracing::info!(volume = %self.name(), replica = %addr, "rebuild done"),
             Err(e) => tracing::warn!(volume = %self.name(), replica = %addr, "rebuild failed: {e}"),
@@ -182,22 +160,12 @@ impl Volume {
         res
     }
 
-    /// The whole rebuild of one replica; see the module comment. The caller holds `ops`.
-    /// `joined` is told once the replica is in the volume as WO.
-    async fn rebuild_locked(
-        self: &Arc<Self>,
+    /// Connects to the replica at `addr` and asks its Info (within the I/O timeout): it must
+    /// answer, be this volume's (or no volume's) and of this volume's size.
+    async fn probe_target(
+        &self,
         addr: &str,
-        joined: &mut Option<Joined>,
-    ) -> Result<(), VolumeError> {
-        if let Some(r) = self.replicas().into_iter().find(|r| r.addr == addr) {
-            if r.mode() != Mode::ERR {
-                return Err(self.already_member(&r));
-            }
-            self.replicas
-                .write()
-                .expect("invariant: replicas lock")
-                .retain(|x| x.addr != addr);
-        }
+    ) -> Result<(tonic::transport::Channel, pb::InfoResponse), VolumeError> {
         let timeout = self.io_timeout();
         let volume = self.name().to_string();
         let channel = connect_channel(addr, timeout)
@@ -208,15 +176,16 @@ impl Volume {
                 source: Box::new(source),
             })?;
         let mut ctl = control_client(channel.clone());
-        let info = ctl
-            .info(pb::InfoRequest {})
+        let rpc = |message: String| VolumeError::Rpc {
+            volume: volume.clone(),
+            replica: addr.to_string(),
+            call: "Info",
+            message,
+        };
+        let info = tokio::time::timeout(timeout, ctl.info(pb::InfoRequest {}))
             .await
-            .map_err(|s| VolumeError::Rpc {
-                volume: volume.clone(),
-                replica: addr.to_string(),
-                call: "Info",
-                message: s.message().to_string(),
-            })?
+            .map_err(|_| rpc(format!("no answer within {timeout:?}")))?
+            .map_err(|s| rpc(s.message().to_string()))?
             .into_inner();
         if !info.volume_uuid.is_empty() && info.volume_uuid != self.uuid() {
             return Err(VolumeError::Foreign {
@@ -235,6 +204,23 @@ impl Volume {
                 volume_size: self.size(),
             });
         }
+        Ok((channel, info))
+    }
+
+    /// The whole rebuild of one replica; see the module comment. The caller holds `ops`.
+    async fn rebuild_locked(self: &Arc<Self>, addr: &str) -> Result<(), VolumeError> {
+        if let Some(r) = self.replicas().into_iter().find(|r| r.addr == addr) {
+            if r.mode() != Mode::ERR {
+                return Err(self.already_member(&r));
+            }
+            self.replicas
+                .write()
+                .expect("invariant: replicas lock")
+                .retain(|x| x.addr != addr);
+        }
+        let timeout = self.io_timeout();
+        let volume = self.name().to_string();
+        let (channel, info) = self.probe_target(addr).await?;
         let source = self.pick_reader().ok_or_else(|| self.faulted())?;
         let src_info = source
             .control()
@@ -297,9 +283,6 @@ impl Volume {
         {
             let _g = self.gate.write().await;
             self.add_replica(target.clone());
-        }
-        if let Some(tell) = joined.take() {
-            let _ = tell.send(Ok(()));
         }
         self.set_status(|s| {
             s.kind = Some(if catch_up {
@@ -541,9 +524,6 @@ impl Volume {
         Ok(())
     }
 }
-
-/// Told when a replica being added has joined the volume, or why it could not.
-type Joined = tokio::sync::oneshot::Sender<Result<(), Arc<VolumeError>>>;
 
 /// Which side of a layer copy failed: a source failure moves the copy to another source, a
 /// target failure ends the rebuild.
