@@ -27,8 +27,10 @@
 #   come from the same machine state; the ratio columns are IOPS / tgt (rdwr) IOPS.
 # - The write rows need qemu-img with libiscsi support: qemu-utils and qemu-block-extra of
 #   the same version (see the shared scripts' README.md).
-# - The shared test scripts are found where CI keeps them, in `shared/scripts` beside the
-#   checkout (`<repo>/../shared/scripts`), or in ZEBU_SHARED_SCRIPTS, as the tests find them.
+# - The shared test scripts are found relative to this script's repository, wherever the
+#   script is started from: in ZEBU_SHARED_SCRIPTS if set, else in `shared/scripts` beside
+#   the checkout (`<repo>/../shared/scripts`, where CI keeps them), else, for a git worktree
+#   checked out elsewhere, beside the main checkout it belongs to; as the tests find them.
 # - The example, zebu-engine and zebu-replica are built in release mode (logging at warn). Nothing else heavy should run meanwhile: this
 #   machine has 2 shared cores and a shared virtual disk, so compare only rows of one run.
 #
@@ -39,10 +41,25 @@
 #        ZEBU_LOCAL_HOST [127.0.0.11: the replica is on the engine's node and its data moves
 #        over its local Unix socket, as with data locality; empty: over TCP]
 #        BOUNDS [1: also measure the two ceilings; 0: skip them],
-#        ZEBU_SHARED_SCRIPTS [the shared test scripts; default <repo>/../shared/scripts]
+#        ZEBU_SHARED_SCRIPTS [the shared test scripts; default <repo>/../shared/scripts, or
+#        beside the main checkout of a worktree]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-SCRIPTS=${ZEBU_SHARED_SCRIPTS:-$PWD/../shared/scripts}
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+shared_scripts() {
+  if [[ -n ${ZEBU_SHARED_SCRIPTS:-} ]]; then
+    echo "$ZEBU_SHARED_SCRIPTS"
+    return
+  fi
+  local main
+  main=$(git -C "$repo" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
+  if [[ ! -d $repo/../shared/scripts && -n $main ]]; then
+    echo "$(dirname "$main")/../shared/scripts"
+  else
+    echo "$repo/../shared/scripts"
+  fi
+}
+SCRIPTS=$(shared_scripts)
 if [[ ! -x $SCRIPTS/perf-iscsi.sh ]]; then
   echo "iscsi-bench: no shared test scripts in $SCRIPTS (set ZEBU_SHARED_SCRIPTS)" >&2
   exit 2

@@ -8,7 +8,9 @@ use zebu_proto::engine as pb;
 use zebu_proto::engine::engine_server::Engine;
 
 use crate::blockdev::BlockDevice;
-use crate::replicator::{Mode, ScrubReport, ScrubState, Volume, VolumeError};
+use crate::replicator::{
+    Mode, RebuildKind, RebuildState, RebuildStatus, ScrubReport, ScrubState, Volume,
+};
 
 /// Serves one volume's control API.
 pub struct ControlService {
@@ -129,25 +131,36 @@ fn volume_state_word(s: pb::VolumeState) -> &'static str {
     }
 }
 
-/// The rebuild tracker's words (`rebuild.rs`) as the protocol's enums; the words are sent
-/// too, for managers before protocol 3.
-fn rebuild_to_pb(state: &str, kind: &str) -> (pb::RebuildState, pb::RebuildKind) {
-    let state = match state {
-        "running" => pb::RebuildState::Running,
-        "done" => pb::RebuildState::Done,
-        "failed" => pb::RebuildState::Failed,
-        _ => pb::RebuildState::Idle,
+/// The rebuild tracker (`rebuild.rs`) as the protocol's message: the enums, and the words
+/// of protocols 1-2 for managers that read only those.
+fn rebuild_to_pb(s: RebuildStatus) -> pb::RebuildStatusResponse {
+    let (rebuild_state, state, error) = match &s.state {
+        RebuildState::Idle => (pb::RebuildState::Idle, "idle", String::new()),
+        RebuildState::Running => (pb::RebuildState::Running, "running", String::new()),
+        RebuildState::Done => (pb::RebuildState::Done, "done", String::new()),
+        RebuildState::Failed(e) => (pb::RebuildState::Failed, "failed", e.to_string()),
     };
-    let kind = match kind {
-        _ if state == pb::RebuildState::Idle => pb::RebuildKind::Unspecified,
-        "catch-up" => pb::RebuildKind::CatchUp,
-        _ => pb::RebuildKind::Full,
+    let (rebuild_kind, kind) = match s.kind {
+        _ if rebuild_state == pb::RebuildState::Idle => (pb::RebuildKind::Unspecified, ""),
+        None => (pb::RebuildKind::Unspecified, ""),
+        Some(RebuildKind::Full) => (pb::RebuildKind::Full, "full"),
+        Some(RebuildKind::CatchUp) => (pb::RebuildKind::CatchUp, "catch-up"),
     };
-    (state, kind)
+    pb::RebuildStatusResponse {
+        replica: s.replica,
+        state: state.into(),
+        kind: kind.into(),
+        rebuild_state: rebuild_state as i32,
+        rebuild_kind: rebuild_kind as i32,
+        bytes_done: s.bytes_done,
+        bytes_total: s.bytes_total,
+        bytes_copied: s.bytes_copied,
+        error,
+    }
 }
 
 /// A refused or failed control operation: the manager and the CLI show its text.
-fn bad(e: VolumeError) -> Status {
+fn bad(e: impl std::fmt::Display) -> Status {
     Status::failed_precondition(e.to_string())
 }
 
@@ -278,24 +291,7 @@ impl Engine for ControlService {
         &self,
         _: Request<pb::RebuildStatusRequest>,
     ) -> Result<Response<pb::RebuildStatusResponse>, Status> {
-        let s = self.volume.rebuild_status();
-        let (rebuild_state, rebuild_kind) = rebuild_to_pb(&s.state, &s.kind);
-        let state = if s.state.is_empty() {
-            "idle".to_string()
-        } else {
-            s.state
-        };
-        Ok(Response::new(pb::RebuildStatusResponse {
-            replica: s.replica,
-            state,
-            kind: s.kind,
-            rebuild_state: rebuild_state as i32,
-            rebuild_kind: rebuild_kind as i32,
-            bytes_done: s.bytes_done,
-            bytes_total: s.bytes_total,
-            bytes_copied: s.bytes_copied,
-            error: s.error,
-        }))
+        Ok(Response::new(rebuild_to_pb(self.volume.rebuild_status())))
     }
 
     async fn scrub_start(
@@ -327,4 +323,83 @@ impl Engine for ControlService {
 /// Whether any replica is still rebuilding (for logs and tests).
 pub fn rebuilding(v: &Volume) -> bool {
     v.replicas().iter().any(|r| r.mode() == Mode::WO)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::replicator::VolumeError;
+
+    /// Every state of the tracker as the protocol's enums and the words older managers read;
+    /// the error travels only with a failure, the kind only once it is known.
+    #[test]
+    fn rebuild_states_map_to_the_protocols_enums_and_words() {
+        let failure = Arc::new(VolumeError::RebuildRunning {
+            volume: "v".into(),
+            replica: "127.0.0.12:9".into(),
+        });
+        let cases = [
+            (RebuildState::Idle, None, pb::RebuildState::Idle, "idle"),
+            (
+                RebuildState::Running,
+                None,
+                pb::RebuildState::Running,
+                "running",
+            ),
+            (
+                RebuildState::Running,
+                Some(RebuildKind::CatchUp),
+                pb::RebuildState::Running,
+                "running",
+            ),
+            (
+                RebuildState::Done,
+                Some(RebuildKind::Full),
+                pb::RebuildState::Done,
+                "done",
+            ),
+            (
+                RebuildState::Failed(failure.clone()),
+                None,
+                pb::RebuildState::Failed,
+                "failed",
+            ),
+        ];
+        for (state, kind, want, word) in cases {
+            let failed = matches!(state, RebuildState::Failed(_));
+            let idle = matches!(state, RebuildState::Idle);
+            let got = rebuild_to_pb(RebuildStatus {
+                replica: "127.0.0.12:9".into(),
+                state,
+                kind,
+                bytes_done: 1,
+                bytes_total: 2,
+                bytes_copied: 3,
+            });
+            assert_eq!(got.rebuild_state(), want, "{got:?}");
+            assert_eq!(got.state, word, "{got:?}");
+            assert_eq!(got.error.is_empty(), !failed, "{got:?}");
+            let (kind_enum, kind_word) = match kind {
+                _ if idle => (pb::RebuildKind::Unspecified, ""),
+                None => (pb::RebuildKind::Unspecified, ""),
+                Some(RebuildKind::Full) => (pb::RebuildKind::Full, "full"),
+                Some(RebuildKind::CatchUp) => (pb::RebuildKind::CatchUp, "catch-up"),
+            };
+            assert_eq!(
+                (got.rebuild_kind(), got.kind.as_str()),
+                (kind_enum, kind_word)
+            );
+            assert_eq!(
+                (got.bytes_done, got.bytes_total, got.bytes_copied),
+                (1, 2, 3)
+            );
+        }
+        let got = rebuild_to_pb(RebuildStatus {
+            state: RebuildState::Failed(failure),
+            ..Default::default()
+        });
+        assert!(got.error.contains("already running"), "{got:?}");
+    }
 }

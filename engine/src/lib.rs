@@ -7,8 +7,9 @@
 //! - Frontends: [`iscsi`] (RFC 7143 target, SBC-3 commands) and [`nbd`] (newstyle fixed
 //!   handshake); both can serve the same volume at once.
 //! - [`control`]: the `zebu.engine.v1` gRPC control API the manager and the CLI use.
-//! - [`workload`]: the verified-workload driver (stamped blocks, exact and after-crash
-//!   verification) and an NBD client, for tests and `zebu-verify`.
+//!
+//! Test tooling (the verified workload, `zebu-verify`, the fuzz harnesses) lives in the
+//! `zebu-testkit` crate, so none of it ships in this library.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,7 +35,6 @@ pub mod nbd;
 pub mod pathtime;
 pub mod replicator;
 mod sockio;
-pub mod workload;
 
 // Offsets are u64 and buffers usize everywhere; they convert losslessly only on 64-bit.
 const _: () = assert!(usize::BITS == 64, "Zebu supports 64-bit targets only");

@@ -161,11 +161,14 @@ enum OnOff {
 #[derive(Subcommand)]
 enum ReplicaCmd {
     Ls,
-    /// Add a replica and bring it in sync in the background.
+    /// Add a replica and bring it in sync in the background. A replica that cannot join
+    /// (unreachable or not answering, not a replica, another volume's, another size, a
+    /// member already) is refused at once, changing nothing, and the command exits non-zero
+    /// with the reason.
     Add {
         address: String,
-        /// Wait until it is in sync; if the rebuild fails (a replica of another volume, one
-        /// that is unreachable), exit non-zero with the reason.
+        /// Also wait until it is in sync; if the rebuild fails later, exit non-zero with the
+        /// reason.
         #[arg(long)]
         wait: bool,
     },
@@ -220,6 +223,20 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// A rebuild's state from the engine's answer: the enum, or the word an engine before
+/// protocol 3 sends instead.
+fn rebuild_state(s: &pb::RebuildStatusResponse) -> pb::RebuildState {
+    match s.rebuild_state() {
+        pb::RebuildState::Unspecified => match s.state.as_str() {
+            "running" => pb::RebuildState::Running,
+            "done" => pb::RebuildState::Done,
+            "failed" => pb::RebuildState::Failed,
+            _ => pb::RebuildState::Idle,
+        },
+        known => known,
+    }
+}
+
 /// Polls the rebuild status until the add of `address` is done (then the volume's info) or
 /// failed (then its reason as the error).
 async fn wait_added(
@@ -232,10 +249,11 @@ async fn wait_added(
             .await
             .map_err(|s| anyhow::anyhow!("{}", s.message()))?
             .into_inner();
-        if s.replica == address && s.state == "failed" {
+        let state = rebuild_state(&s);
+        if s.replica == address && state == pb::RebuildState::Failed {
             anyhow::bail!("adding replica {address} failed: {}", s.error);
         }
-        if s.replica != address || s.state != "running" {
+        if s.replica != address || state != pb::RebuildState::Running {
             return Ok(c
                 .info(pb::InfoRequest {})
                 .await
@@ -268,6 +286,14 @@ async fn serve(args: ServeArgs, control: Option<String>) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
+    // The same replica twice would be two members writing one directory (issue 18: it was
+    // accepted, and the volume read degraded).
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &args.replicas {
+        if !seen.insert(r.as_str()) {
+            anyhow::bail!("--replica {r} is given twice; name each replica once");
+        }
+    }
     let control_addr: SocketAddr = match (args.control_listen, control) {
         (Some(a), _) => a,
         (None, Some(c)) => c

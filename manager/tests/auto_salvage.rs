@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::*;
-use zebu_engine::workload::{
+use zebu_testkit::workload::{
     self, Expect, Model, NbdClient, Pattern, RunReport, Scope, StopAfter, WorkloadConfig,
 };
 

@@ -108,6 +108,53 @@ pub fn server_name(addr: &str) -> Result<ServerName<'static>, TlsError> {
     ServerName::try_from(host.to_string()).map_err(|_| TlsError::Name(addr.to_string()))
 }
 
+/// A TCP connection to `addr` and a TLS handshake on it that checks the replica's
+/// certificate against the host in `addr` (see [`server_name`]).
+pub async fn connect(
+    tls: &TlsConnector,
+    addr: &str,
+) -> std::io::Result<client::TlsStream<tokio::net::TcpStream>> {
+    let name = server_name(addr)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    tls.connect(name, tcp)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("TLS handshake with {addr}: {e}")))
+}
+
+/// Connects a gRPC `endpoint` (made for `http://{addr}`) to the replica at `addr`: over
+/// plain TCP, or with `tls` over TLS, HTTP/2 running inside it as on a plain port (the
+/// replica port speaks h2 without ALPN). Every reconnect of the channel goes through the
+/// handshake again, bounded by `timeout`. For the manager's own replica clients (volume
+/// copies, backup and restore jobs); the engine has its own, with its data path.
+pub async fn grpc_channel(
+    endpoint: tonic::transport::Endpoint,
+    addr: &str,
+    tls: Option<&TlsConnector>,
+    timeout: std::time::Duration,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let Some(tls) = tls else {
+        return endpoint.connect().await;
+    };
+    let (tls, addr) = (tls.clone(), addr.to_string());
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        let (tls, addr) = (tls.clone(), addr.clone());
+        async move {
+            let stream = tokio::time::timeout(timeout, connect(&tls, &addr))
+                .await
+                .map_err(|_| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("TLS connect {addr}: no answer within {timeout:?}"),
+                    )
+                })??;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+        }
+    });
+    endpoint.connect_with_connector(connector).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,7 @@
 //!
 //! # Workloads
 //!
-//! [`Background`] runs the verified workload of `zebu_engine::workload` over an NBD
+//! [`Background`] runs the verified workload of `zebu_testkit::workload` over an NBD
 //! connection in a task until asked to stop, so a test can inject faults while it runs and
 //! then look at the report. [`LatencyProbe`] issues small writes in a loop and timestamps each
 //! one, to show how long a dying replica stalls the volume.
@@ -50,10 +50,10 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tonic::transport::Channel;
 use zebu_engine::blockdev::BlockDevice;
-use zebu_engine::workload::{self, Model, NbdClient, RunReport, WorkloadConfig};
 use zebu_proto::engine as epb;
 use zebu_proto::engine::engine_client::EngineClient;
 use zebu_proto::replica as rpb;
+use zebu_testkit::workload::{self, Model, NbdClient, RunReport, WorkloadConfig};
 
 use crate::{bin_path, connect};
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use zebu_engine::blockdev::BlockDevice;
-use zebu_engine::workload::{self, Expect, Model, RunId, StopAfter, WorkloadConfig};
+use zebu_testkit::workload::{self, Expect, Model, RunId, StopAfter, WorkloadConfig};
 use zebu_tests::engine::{
     Background, Cluster, Fingerprint, assert_clean_run, assert_verified, busy_workload, chain_of,
     fill, mode_in, replica_info,

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use zebu_engine::blockdev::BlockDevice;
-use zebu_engine::workload::{self, Expect, Pattern, RunId, StopAfter, WorkloadConfig};
+use zebu_testkit::workload::{self, Expect, Pattern, RunId, StopAfter, WorkloadConfig};
 use zebu_tests::engine::{
     Background, Cluster, Fingerprint, assert_clean_run, assert_verified, busy_workload, mode_in,
 };

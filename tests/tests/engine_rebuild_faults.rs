@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use zebu_engine::workload::{Expect, Model};
+use zebu_testkit::workload::{Expect, Model};
 use zebu_tests::engine::{
     Cluster, Fingerprint, assert_verified, chain_of, fill, mode_in, replica_info,
 };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use zebu_engine::blockdev::BlockDevice;
-use zebu_engine::workload::{Expect, RunId};
+use zebu_testkit::workload::{Expect, RunId};
 use zebu_tests::engine::{
     Background, Cluster, LatencyProbe, assert_clean_run, assert_verified, busy_workload, mode_in,
     percentile,
@@ -298,16 +298,16 @@ async fn full_disk_replica_goes_err_volume_continues() -> anyhow::Result<()> {
     c.dirs[1] = dir;
     c.start_engine()?;
     let dev = c.engine().nbd_client().await?;
-    let cfg = zebu_engine::workload::WorkloadConfig {
+    let cfg = zebu_testkit::workload::WorkloadConfig {
         range_len: Some(160 * MIB),
-        pattern: zebu_engine::workload::Pattern::Sequential,
-        stop: zebu_engine::workload::StopAfter::Ops(160 * MIB / 4096),
+        pattern: zebu_testkit::workload::Pattern::Sequential,
+        stop: zebu_testkit::workload::StopAfter::Ops(160 * MIB / 4096),
         read_percent: 5,
         seed,
-        ..zebu_engine::workload::WorkloadConfig::default()
+        ..zebu_testkit::workload::WorkloadConfig::default()
     };
     let mut model = cfg.new_model(dev.size(), RunId::random())?;
-    let report = zebu_engine::workload::run_workload(&dev, &mut model, &cfg).await;
+    let report = zebu_testkit::workload::run_workload(&dev, &mut model, &cfg).await;
     let info = c.engine().info().await?;
     eprintln!(
         "after {} writes: {} {:?}",

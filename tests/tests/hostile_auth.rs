@@ -20,6 +20,7 @@ use tonic::service::Interceptor;
 use zebu_engine::blockdev::BlockDevice;
 use zebu_proto::auth::{self, Secret};
 use zebu_proto::frames::{self, Decoded, Extension, Hello, Request, RequestOp, Response};
+use zebu_proto::ids::RequestId;
 use zebu_proto::replica as rpb;
 use zebu_proto::replica::replica_client::ReplicaClient;
 use zebu_tests::engine::Cluster;
@@ -133,7 +134,7 @@ async fn frames_try(
         }
     }
     let flush = Request {
-        id: 1,
+        id: RequestId(1),
         op: RequestOp::Flush { flush_number: 0 },
     };
     let _ = s.write_all(&flush.header().encode()).await;
@@ -214,7 +215,7 @@ async fn clients_without_the_volume_secret_are_refused_and_change_nothing() -> a
         "a hello without proof: {none:?}"
     );
     assert!(
-        none.iter().all(|r| r.id == 0),
+        none.iter().all(|r| r.id == RequestId(0)),
         "a request was answered: {none:?}"
     );
     let bad = frames_try(addr, g, &before.volume_uuid, Some(&wrong)).await?;
@@ -223,7 +224,7 @@ async fn clients_without_the_volume_secret_are_refused_and_change_nothing() -> a
         "a hello with a wrong proof: {bad:?}"
     );
     assert!(
-        bad.iter().all(|r| r.id == 0),
+        bad.iter().all(|r| r.id == RequestId(0)),
         "a request was answered: {bad:?}"
     );
 
@@ -260,7 +261,7 @@ async fn clients_without_the_volume_secret_are_refused_and_change_nothing() -> a
     let ok = frames_try(addr, before.generation, &before.volume_uuid, Some(&secret)).await?;
     assert!(
         ok.last()
-            .is_some_and(|r| r.id == 1 && r.status == rpb::Status::Ok),
+            .is_some_and(|r| r.id == RequestId(1) && r.status == rpb::Status::Ok),
         "an authenticated client's flush: {ok:?}"
     );
 
@@ -421,7 +422,10 @@ async fn after_every_hostile_input_each_server_serves_and_no_replica_changed() -
         for g in [info.generation + 1, u64::MAX] {
             for s in [None, Some(&wrong)] {
                 let got = frames_try(*a, g, &info.volume_uuid, s).await?;
-                assert!(got.iter().all(|r| r.id == 0), "answered: {got:?}");
+                assert!(
+                    got.iter().all(|r| r.id == RequestId(0)),
+                    "answered: {got:?}"
+                );
             }
         }
         // Garbage, a header that claims 4 GiB, half a header.
@@ -470,7 +474,7 @@ async fn after_every_hostile_input_each_server_serves_and_no_replica_changed() -
         let ok = frames_try(*a, info.generation, &info.volume_uuid, Some(&secret)).await?;
         assert!(
             ok.last()
-                .is_some_and(|r| r.id == 1 && r.status == rpb::Status::Ok),
+                .is_some_and(|r| r.id == RequestId(1) && r.status == rpb::Status::Ok),
             "replica {i} does not serve an authenticated client: {ok:?}"
         );
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use zebu_engine::blockdev::BlockDevice;
+use zebu_proto::ids::RequestId;
 use zebu_proto::replica as rpb;
 use zebu_proto::replica::data_request::Op;
 use zebu_tests::engine::{Cluster, Fingerprint, mode_in};
@@ -123,6 +124,89 @@ async fn a_replica_of_another_volume_is_refused_and_left_untouched() -> anyhow::
     );
     assert_eq!(info(victim).await?.generation, before.generation);
     expect_through(&a, 0xaa, MIB, "vol-a after the hellos").await?;
+    Ok(())
+}
+
+/// The CLI's answer must be a failure with a one-line error; returns the line.
+fn one_line_failure(out: &std::process::Output, what: &str) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(
+        !out.status.success(),
+        "{what}: exit 0: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(err.lines().count(), 1, "{what}: {err:?}");
+    assert!(err.starts_with("zebu-engine: error: "), "{what}: {err:?}");
+    err
+}
+
+/// Finding 8, the engine's part: `replica add` of an address where nothing listens, or of
+/// the engine's own control or NBD port, answered rc 0 (the failure showed only in
+/// rebuild-status), and the same `--replica` given twice was accepted (the volume then read
+/// degraded). Now `replica add` asks the replica before anything changes, so each of these
+/// exits non-zero with the reason and the volume keeps its three RW members; and an engine
+/// given one replica twice refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replica_add_of_nothing_or_the_engines_own_ports_fails_and_a_repeated_replica_is_refused()
+-> anyhow::Result<()> {
+    let c = Cluster::start("vol-add", 64 * MIB)?;
+    write_through(&c, 0x2e, MIB).await?;
+    let before = c.engine().info().await?;
+    let nobody = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.to_string()
+    };
+    let own_control = c.engine().control.to_string();
+    let own_nbd = c.engine().nbd.clone();
+    for (what, addr) in [
+        ("nothing listens", nobody.as_str()),
+        ("the engine's control port", own_control.as_str()),
+        ("the engine's NBD port", own_nbd.as_str()),
+    ] {
+        let out = c.engine().cli_raw(&["replica", "add", addr]).await?;
+        let err = one_line_failure(&out, what);
+        assert!(
+            err.contains(addr),
+            "{what}: the error names the address: {err}"
+        );
+        let i = c.engine().info().await?;
+        assert_eq!(i.state, "healthy", "{what}: {i:?}");
+        assert_eq!(i.members, before.members, "{what}: {i:?}");
+        assert!(
+            !i.replicas.iter().any(|r| r.address == addr),
+            "{what}: listed as a replica: {i:?}"
+        );
+        let st = c.engine().rebuild_status().await?;
+        assert_ne!(st.state, "running", "{what}: {st:?}");
+    }
+    expect_through(&c, 0x2e, MIB, "after the refused adds").await?;
+
+    // One replica twice on the command line: refused before anything is contacted.
+    let r0 = c.addr(0);
+    let out = tokio::process::Command::new(zebu_tests::bin_path("zebu-engine"))
+        .args(["serve", "--volume", "vol-twice", "--size", "64M"])
+        .args([
+            "--control",
+            "127.0.0.1:0",
+            "--replica",
+            &r0,
+            "--replica",
+            &r0,
+        ])
+        .output()
+        .await?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "an engine started on one replica twice"
+    );
+    assert!(err.contains("given twice") && err.contains(&r0), "{err}");
+    assert_eq!(
+        info(c.replica(0).addr).await?.generation,
+        c.engine().info().await?.generation,
+        "the refused engine fenced the volume's replica"
+    );
+    expect_through(&c, 0x2e, MIB, "after the refused engine").await?;
     Ok(())
 }
 
@@ -266,6 +350,139 @@ async fn counters_and_ranges_at_the_edge_are_refused_and_the_volume_restarts() -
     Ok(())
 }
 
+/// Finding 6's last case: a WriteLayer chunk at offset 2^64-4096 passed the bounds check
+/// (`offset + len` wrapped) and failed as INTERNAL. It must be refused as out of range
+/// (InvalidArgument, naming the range), write nothing, and leave the replica serving; the
+/// same chunk inside the layer is accepted, so the refusal is the range's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_layer_write_that_would_wrap_64_bits_is_out_of_range_and_changes_nothing()
+-> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let size = 4 * MIB;
+    let r =
+        zebu_tests::ReplicaProcess::start(&tmp.path().join("r"), size, zebu_tests::loopback(21))?;
+    let mut c = r.client().await?;
+    let header = rpb::WriteLayerRequest {
+        layer: "edge".into(),
+        size,
+        ..Default::default()
+    };
+    let chunk = |offset: u64| rpb::WriteLayerRequest {
+        chunk: Some(rpb::LayerChunk {
+            offset,
+            data: fill(0x99, 4096),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    for offset in [u64::MAX - 4095, size] {
+        let e = c
+            .write_layer(tokio_stream::iter(vec![header.clone(), chunk(offset)]))
+            .await
+            .err()
+            .unwrap_or_else(|| {
+                panic!("a layer chunk at {offset} of a {size}-byte layer was written")
+            });
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{offset}: {e:?}");
+        assert!(e.message().contains(&offset.to_string()), "{offset}: {e:?}");
+    }
+    // Nothing reads back from the refused chunks, and a chunk inside the layer is written.
+    let mut d = DataStream::open(&mut c, 1)
+        .await
+        .map_err(|s| anyhow::anyhow!("hello refused: {s:?}"))?;
+    let head = d.read(0, size).await?;
+    assert!(head.iter().all(|&b| b == 0), "the head changed");
+    drop(d);
+    let ok = c
+        .write_layer(tokio_stream::iter(vec![header.clone(), chunk(size - 4096)]))
+        .await
+        .map_err(|s| anyhow::anyhow!("a chunk inside the layer was refused: {s:?}"))?
+        .into_inner();
+    assert_eq!(ok.bytes_written, 4096);
+    let info = c.info(rpb::InfoRequest {}).await?.into_inner();
+    assert!(info.open, "{info:?}");
+    Ok(())
+}
+
+/// Runs `zebu-replica serve` on a damaged directory: it must exit non-zero within 5 s
+/// (not wait on a lock of its own); returns its stderr.
+fn serve_damaged(dir: &std::path::Path, size: u64) -> anyhow::Result<String> {
+    let err = dir.with_extension("err");
+    let mut child = std::process::Command::new(zebu_tests::bin_path("zebu-replica"))
+        .arg("serve")
+        .arg("--dir")
+        .arg(dir)
+        .args(["--listen", "127.0.0.21:0", "--size", &size.to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err)?)
+        .spawn()?;
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if start.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::bail!(
+                "zebu-replica still running after 5 s on a damaged directory: {}",
+                std::fs::read_to_string(&err).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(&err)?;
+    anyhow::ensure!(!status.success(), "served a damaged directory: {text}");
+    Ok(text)
+}
+
+/// Finding 8's replica part: a `replica.json` listing one layer id twice made the replica
+/// wait 10 s on its own lock and report that another process served the directory; an
+/// empty `regions.dat` gave "failed to fill whole buffer". Each is now refused at once,
+/// naming the file and what is wrong with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn damaged_replica_records_are_named_not_mistaken_for_a_busy_directory() -> anyhow::Result<()>
+{
+    let tmp = tempfile::tempdir()?;
+    let size = 4 * MIB;
+    let fresh = |name: &str| -> anyhow::Result<std::path::PathBuf> {
+        let dir = tmp.path().join(name);
+        let r = zebu_tests::ReplicaProcess::start(&dir, size, zebu_tests::loopback(21))?;
+        drop(r);
+        Ok(dir)
+    };
+
+    let dir = fresh("dup")?;
+    let meta_path = dir.join("replica.json");
+    let mut meta: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta_path)?)?;
+    let layers = meta["layers"]
+        .as_array_mut()
+        .ok_or_else(|| anyhow::anyhow!("replica.json has no layers"))?;
+    let mut twin = layers[0].clone();
+    twin["name"] = serde_json::Value::String("twin".into());
+    layers.push(twin);
+    std::fs::write(&meta_path, serde_json::to_vec_pretty(&meta)?)?;
+    let err = serve_damaged(&dir, size)?;
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("replica.json") && last.contains("twice"),
+        "the error names the file and the repeated id: {err}"
+    );
+    assert!(!err.contains("another process"), "{err}");
+
+    let dir = fresh("regions")?;
+    std::fs::File::create(dir.join("regions.dat"))?;
+    let err = serve_damaged(&dir, size)?;
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("regions.dat"),
+        "the error names the file: {err}"
+    );
+    assert!(!last.contains("fill whole buffer"), "a raw message: {err}");
+    Ok(())
+}
+
 /// The head layer file of the replica in `dir`, as its `replica.json` names it.
 fn head_file(dir: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
     let meta: serde_json::Value =
@@ -389,7 +606,7 @@ async fn partly_sent_writes_on_many_connections_take_one_bounded_budget() -> any
         s.read_exact(&mut answer).await?;
         assert_eq!(answer[0], 0, "hello {i} refused");
         let header = Request {
-            id: i + 1,
+            id: RequestId(i + 1),
             op: RequestOp::Write {
                 offset: 0,
                 data: Bytes::from(vec![0u8; len as usize]),

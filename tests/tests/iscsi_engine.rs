@@ -9,8 +9,9 @@
 //!   replicas, a second VM finds the file intact.
 //!
 //! Both drive shared tools from `<repo>/../shared/scripts` (CI keeps a copy of `shared/`
-//! beside the checkout; `ZEBU_SHARED_SCRIPTS=DIR` points elsewhere). Without them, or
-//! without root for the VM, a test prints why and passes without checking anything.
+//! beside the checkout; a git worktree checked out elsewhere looks beside its main checkout;
+//! `ZEBU_SHARED_SCRIPTS=DIR` points elsewhere). Without them, or without root for the VM, a
+//! test prints why and passes without checking anything.
 //!
 //! The scripts run as child processes under a deadline, so a target that hangs fails the
 //! test instead of stalling CI; a target that crashes fails the liveness check after them.
@@ -34,8 +35,23 @@ const VM_DEADLINE: Duration = Duration::from_secs(20 * 60);
 fn shared_scripts() -> Option<PathBuf> {
     let dir = match std::env::var_os("ZEBU_SHARED_SCRIPTS") {
         Some(d) => PathBuf::from(d),
-        // tests/ -> repo root -> its sibling shared/
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/scripts"),
+        None => {
+            // tests/ -> repo root -> its sibling shared/
+            let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+            let beside = repo.join("../shared/scripts");
+            // A worktree's main checkout: the parent of the git directory it shares.
+            let main = std::process::Command::new("git")
+                .args(["rev-parse", "--path-format=absolute", "--git-common-dir"])
+                .current_dir(&repo)
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+            match main.as_deref().and_then(std::path::Path::parent) {
+                Some(main) if !beside.is_dir() => main.join("../shared/scripts"),
+                _ => beside,
+            }
+        }
     };
     if dir.join("conformance.sh").is_file() {
         Some(dir)

@@ -18,7 +18,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 use zebu_engine::blockdev::BlockDevice;
-use zebu_engine::workload::NbdClient;
+use zebu_testkit::workload::NbdClient;
 use zebu_tests::bin_path;
 use zebu_tests::engine::{Cluster, mode_in};
 use zebu_tests::model::{BLOCK, blocks_data, decode};

@@ -16,11 +16,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tonic::Code;
 use zebu_engine::blockdev::BlockDevice;
-use zebu_engine::workload::{Expect, RunId};
 use zebu_proto::frames::{
     self, Batch, Decoded, Hello, MAX_FRAME_PAYLOAD, Request, RequestHeader, RequestOp, Response,
 };
+use zebu_proto::ids::RequestId;
 use zebu_proto::replica::{MAX_IO_BYTES, Status};
+use zebu_testkit::workload::{Expect, RunId};
 use zebu_tests::engine::{
     Background, Cluster, assert_clean_run, assert_verified, busy_workload, mode_in,
 };
@@ -102,7 +103,7 @@ impl Frames {
     async fn open(addr: SocketAddr, generation: u64) -> Frames {
         let (c, answer) = Frames::hello(addr, generation).await;
         assert_eq!(answer.status, Status::Ok, "hello refused: {answer}");
-        assert_eq!(answer.id, 0);
+        assert_eq!(answer.id, RequestId::HELLO);
         c
     }
 
@@ -117,7 +118,10 @@ impl Frames {
         for op in ops {
             let id = self.next_id;
             self.next_id += 1;
-            batch.push_request(&Request { id, op });
+            batch.push_request(&Request {
+                id: RequestId(id),
+                op,
+            });
             ids.push(id);
         }
         let bytes: Vec<u8> = batch
@@ -150,7 +154,7 @@ impl Frames {
     async fn call(&mut self, op: RequestOp) -> Response {
         let id = self.send(vec![op]).await[0];
         let r = self.recv().await.expect("an answer");
-        assert_eq!(r.id, id, "answer {r} to a lone request");
+        assert_eq!(r.id, RequestId(id), "answer {r} to a lone request");
         r
     }
 
@@ -369,7 +373,7 @@ async fn many_requests_in_flight_are_answered_out_of_order_by_id() {
         let a = c.recv().await.expect("an answer");
         assert_eq!(a.status, Status::Ok, "{a}");
         assert!(
-            ids.contains(&a.id) && seen.insert(a.id),
+            ids.contains(&a.id.0) && seen.insert(a.id.0),
             "unexpected or repeated {a}"
         );
     }
@@ -391,17 +395,17 @@ async fn many_requests_in_flight_are_answered_out_of_order_by_id() {
         for _ in 0..ids.len() {
             let a = c.recv().await.expect("an answer");
             assert_eq!(a.status, Status::Ok, "{a}");
-            if a.id == ids[0] {
+            if a.id.0 == ids[0] {
                 assert_eq!(a.data.len() as u64, MAX_IO_BYTES);
                 for b in 0..blocks {
                     let at = (b * BLOCK) as usize;
                     assert_eq!(decode(b, &a.data[at..at + BLOCK as usize]), Ok(3));
                 }
             } else {
-                let b = block_of[&a.id];
+                let b = block_of[&a.id.0];
                 assert_eq!(decode(b, &a.data), Ok(3), "answer {a} carries block {b}");
             }
-            order.push(a.id);
+            order.push(a.id.0);
         }
         let sorted = {
             let mut v = order.clone();
@@ -452,7 +456,7 @@ async fn frames_and_grpc_streams_fence_each_other() {
 
     // A lower generation is refused on frames, with the reason, and the connection closed.
     let (mut low, answer) = Frames::hello(r.addr, 2).await;
-    assert_eq!(answer.id, 0);
+    assert_eq!(answer.id, RequestId::HELLO);
     assert_eq!(answer.status, Status::Unavailable, "{answer}");
     assert!(
         answer
@@ -693,7 +697,7 @@ async fn hostile_input_ends_only_its_connection() {
     expect_rejected(r.addr, "unknown op", &unknown, false).await;
     // Non-zero reserved bytes.
     let mut reserved = Request {
-        id: 1,
+        id: RequestId(1),
         op: RequestOp::Flush { flush_number: 0 },
     }
     .header()
@@ -702,7 +706,7 @@ async fn hostile_input_ends_only_its_connection() {
     expect_rejected(r.addr, "reserved bytes", &reserved, false).await;
     // A truncated header, then EOF; and a write whose payload is cut short.
     let read = Request {
-        id: 1,
+        id: RequestId(1),
         op: RequestOp::Read {
             offset: 0,
             length: BLOCK,
@@ -716,7 +720,7 @@ async fn hostile_input_ends_only_its_connection() {
     )
     .await;
     let mut cut_write = Request {
-        id: 1,
+        id: RequestId(1),
         op: RequestOp::Write {
             offset: 0,
             data: Bytes::from(vec![1u8; 8192]),
@@ -815,7 +819,7 @@ async fn large_writes_arrive_intact_however_the_bytes_are_cut() {
             let id = c.next_id;
             c.next_id += 1;
             batch.push_request(&Request {
-                id,
+                id: RequestId(id),
                 op: RequestOp::Write {
                     offset,
                     data: Bytes::from(data.clone()),
@@ -844,7 +848,7 @@ async fn large_writes_arrive_intact_however_the_bytes_are_cut() {
         for _ in &writes {
             let a = c.recv().await.expect("an answer");
             assert_eq!(a.status, Status::Ok, "{a}");
-            answered.push(a.id);
+            answered.push(a.id.0);
         }
         answered.sort_unstable();
         assert_eq!(answered, writes);
@@ -860,7 +864,7 @@ async fn large_writes_arrive_intact_however_the_bytes_are_cut() {
 
     // Cut in the middle of a large payload: that connection ends, another one serves.
     let mut cut_write = Request {
-        id: 1,
+        id: RequestId(1),
         op: RequestOp::Write {
             offset: 0,
             data: Bytes::from(vec![9u8; 1 << 20]),

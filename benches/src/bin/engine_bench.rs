@@ -25,8 +25,8 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 use zebu_benches::{GIB, KIB, MIB, WORKLOADS, Workload, select_workloads};
 use zebu_engine::blockdev::BlockDevice;
-use zebu_engine::replicator::{StartOptions, Volume, VolumeConfig};
-use zebu_engine::workload::NbdClient;
+use zebu_engine::replicator::{RebuildState, StartOptions, Volume, VolumeConfig};
+use zebu_testkit::workload::NbdClient;
 use zebu_tests::{ReplicaProcess, bin_path, loopback};
 
 /// Replica `i` (0-based) listens on 127.0.0.(11 + i).
@@ -470,7 +470,7 @@ async fn rebuild(args: &Args, pattern: &Bytes) -> anyhow::Result<RebuildResult> 
     let status = loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let s = volume.rebuild_status();
-        if s.state != "running" {
+        if !s.state.is_running() {
             break s;
         }
     };
@@ -478,13 +478,10 @@ async fn rebuild(args: &Args, pattern: &Bytes) -> anyhow::Result<RebuildResult> 
     out.replica_cpu_s = cpu_seconds(&pids)? - cpu0;
     out.bytes_total = status.bytes_total;
     out.bytes_copied = status.bytes_copied;
-    out.state = status.state.clone();
-    if status.state != "done" {
-        bail!(
-            "rebuild of {fresh_addr} ended {}: {}",
-            status.state,
-            status.error
-        );
+    match &status.state {
+        RebuildState::Done => out.state = "done".into(),
+        RebuildState::Failed(e) => bail!("rebuild of {fresh_addr} failed: {e}"),
+        other => bail!("rebuild of {fresh_addr} ended {other:?}"),
     }
     eprintln!(
         "rebuild: {} MiB copied in {:.1} s",

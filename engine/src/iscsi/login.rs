@@ -144,7 +144,7 @@ fn num(v: &str, lo: u32, hi: u32) -> Option<u32> {
 
 /// Answers one operational key, updating `p`. Returns the reply value, or None when the key
 /// is declarative and needs no answer.
-pub(crate) fn negotiate(p: &mut Params, key: &str, v: &str) -> Option<String> {
+pub fn negotiate(p: &mut Params, key: &str, v: &str) -> Option<String> {
     let reject = || Some("Reject".to_string());
     match key {
         "HeaderDigest" | "DataDigest" => {
@@ -218,7 +218,7 @@ pub(crate) fn negotiate(p: &mut Params, key: &str, v: &str) -> Option<String> {
 /// Enforces the rules that tie keys together once negotiation is over: RFC 7143 §13.14
 /// requires FirstBurstLength <= MaxBurstLength, and the session code relies on it when it
 /// sizes unsolicited bursts.
-pub(crate) fn finish_params(p: &mut Params) {
+pub fn finish_params(p: &mut Params) {
     p.first_burst = p.first_burst.min(p.max_burst);
 }
 

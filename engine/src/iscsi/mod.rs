@@ -29,8 +29,6 @@
 //! ```
 
 pub mod chap;
-#[doc(hidden)]
-pub mod fuzzing;
 pub mod login;
 pub mod pages;
 pub mod pdu;

@@ -153,7 +153,7 @@ impl dyn DataPath {
     pub async fn read(&self, id: RequestId, offset: u64, length: u64) -> Result<Bytes, PathError> {
         let resp = self
             .call(Request {
-                id: id.0,
+                id,
                 op: RequestOp::Read { offset, length },
             })
             .await?;
@@ -176,7 +176,7 @@ impl dyn DataPath {
         sums: Option<BlockSums>,
     ) -> Result<(), PathError> {
         self.call(Request {
-            id: id.0,
+            id,
             op: RequestOp::Write { offset, data, sums },
         })
         .await
@@ -192,7 +192,7 @@ impl dyn DataPath {
         zero_fill: bool,
     ) -> Result<(), PathError> {
         self.call(Request {
-            id: id.0,
+            id,
             op: RequestOp::Unmap {
                 offset,
                 length,
@@ -211,7 +211,7 @@ impl dyn DataPath {
     ) -> Result<FlushNumber, PathError> {
         let resp = self
             .call(Request {
-                id: id.0,
+                id,
                 op: RequestOp::Flush {
                     flush_number: number.0,
                 },
@@ -231,7 +231,7 @@ impl dyn DataPath {
                 length: 4096,
             }
         };
-        self.call(Request { id: id.0, op }).await.map(|_| ())
+        self.call(Request { id, op }).await.map(|_| ())
     }
 }
 
@@ -257,7 +257,7 @@ pub(super) fn refused_for_version(e: &PathError) -> bool {
     matches!(e, PathError::Refused(why) if why.contains("protocol version"))
 }
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<pb::DataResponse>>>>;
+type Pending = Arc<Mutex<HashMap<RequestId, oneshot::Sender<pb::DataResponse>>>>;
 
 /// [`DataPath`] over the gRPC data stream.
 pub struct GrpcDataPath {
@@ -278,30 +278,9 @@ pub async fn connect_channel(addr: &str, timeout: Duration) -> Result<Channel, P
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(timeout)
         .keep_alive_while_idle(true);
-    let connected = match replica_tls() {
-        None => endpoint.connect().await,
-        Some(tls) => {
-            // HTTP/2 over the TLS stream made here (the replica port speaks h2 without ALPN,
-            // as over plain TCP); every reconnect of the channel goes through it again.
-            let tls = tls.clone();
-            let addr = addr.to_string();
-            let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-                let (tls, addr) = (tls.clone(), addr.clone());
-                async move {
-                    let stream = tokio::time::timeout(timeout, tls_connect(&tls, &addr))
-                        .await
-                        .map_err(|_| {
-                            std::io::Error::new(
-                                std::io::ErrorKind::TimedOut,
-                                format!("TLS connect {addr}: no answer within {timeout:?}"),
-                            )
-                        })??;
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-                }
-            });
-            endpoint.connect_with_connector(connector).await
-        }
-    };
+    // Over TLS with `--tls-ca`: HTTP/2 inside the TLS stream, every reconnect through the
+    // handshake again (`zebu_proto::tls::grpc_channel`, shared with the manager's clients).
+    let connected = zebu_proto::tls::grpc_channel(endpoint, addr, replica_tls(), timeout).await;
     connected.map_err(|e| {
         let why = std::error::Error::source(&e).map_or_else(String::new, |s| format!(": {s}"));
         PathError::Disconnected(format!("connect {addr}: {e}{why}"))
@@ -321,21 +300,6 @@ pub fn set_replica_tls(
 
 pub(super) fn replica_tls() -> Option<&'static zebu_proto::tls::TlsConnector> {
     REPLICA_TLS.get()
-}
-
-/// A TCP connection to `addr` and a TLS handshake on it that checks the replica's
-/// certificate against the name in `addr`.
-pub(super) async fn tls_connect(
-    tls: &zebu_proto::tls::TlsConnector,
-    addr: &str,
-) -> std::io::Result<zebu_proto::tls::client::TlsStream<tokio::net::TcpStream>> {
-    let name = zebu_proto::tls::server_name(addr)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    tcp.set_nodelay(true)?;
-    tls.connect(name, tcp)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("TLS handshake with {addr}: {e}")))
 }
 
 /// The volume's secret, once [`set_volume_secret`] gave it. Process-wide because one engine
@@ -459,7 +423,10 @@ impl GrpcDataPath {
         let (p, c) = (pending.clone(), closed.clone());
         tokio::spawn(async move {
             while let Ok(Some(resp)) = inbound.message().await {
-                let waiter = p.lock().expect("invariant: pending lock").remove(&resp.id);
+                let waiter = p
+                    .lock()
+                    .expect("invariant: pending lock")
+                    .remove(&RequestId(resp.id));
                 if let Some(w) = waiter {
                     let _ = w.send(resp);
                 }

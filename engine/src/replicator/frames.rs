@@ -42,6 +42,7 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use zebu_proto::frames::{self, Batch, Decoded, Hello, Request, Response};
+use zebu_proto::ids::RequestId;
 use zebu_proto::numbers::Generation;
 use zebu_proto::replica as pb;
 
@@ -62,7 +63,7 @@ struct Conn {
     addr: String,
     /// Requests sent and not answered. `None` once the connection broke: the reason is in
     /// `broken`, and nothing is added any more.
-    pending: Mutex<Option<HashMap<u64, Waiter>>>,
+    pending: Mutex<Option<HashMap<RequestId, Waiter>>>,
     broken: Mutex<Option<String>>,
 }
 
@@ -287,7 +288,7 @@ async fn handshake(addr: &str, hello: Hello) -> Result<(Welcomed, BytesMut, Stri
             (Stream::Tcp(stream), rest, message)
         }
         Some(tls) => {
-            let mut stream = super::client::tls_connect(tls, addr)
+            let mut stream = zebu_proto::tls::connect(tls, addr)
                 .await
                 .map_err(|e| PathError::Disconnected(format!("connect {addr}: {e}")))?;
             let (rest, message) = say_hello(&mut stream, addr, hello).await?;
@@ -401,7 +402,7 @@ where
             )));
         }
     };
-    if answer.id != 0 || answer.status != pb::Status::Ok {
+    if answer.id != RequestId::HELLO || answer.status != pb::Status::Ok {
         return Err(PathError::Refused(answer.message));
     }
     Ok(answer)
@@ -452,7 +453,7 @@ async fn read_answers<R: AsyncRead + Unpin>(conn: Arc<Conn>, mut rd: R, mut buf:
                     }
                     // Its caller gave up (timeout) and the replica answered anyway.
                     None => {
-                        tracing::debug!(replica = %conn.addr, id = resp.id, "answer to no pending request")
+                        tracing::debug!(replica = %conn.addr, id = resp.id.0, "answer to no pending request")
                     }
                 }
                 continue;
@@ -577,12 +578,12 @@ mod tests {
 
     #[tokio::test]
     async fn answers_in_reverse_order_reach_their_requests() {
-        let addr = fake(Response::ok(0), 3, |mut s, reqs| async move {
+        let addr = fake(Response::ok(RequestId(0)), 3, |mut s, reqs| async move {
             let mut resps: Vec<Response> = reqs
                 .iter()
                 .map(|r| match &r.op {
                     RequestOp::Read { length, .. } => Response {
-                        data: Bytes::from(vec![r.id as u8; *length as usize]),
+                        data: Bytes::from(vec![r.id.0 as u8; *length as usize]),
                         ..Response::ok(r.id)
                     },
                     RequestOp::Flush { flush_number } => Response {
@@ -616,7 +617,7 @@ mod tests {
     /// A fake replica that answers every read as soon as it arrives, with the request id in
     /// every byte; it reports on `eof` when the client's side of the connection ends.
     async fn echo(eof: tokio::sync::oneshot::Sender<()>) -> String {
-        echo_with(Response::ok(0), eof).await
+        echo_with(Response::ok(RequestId(0)), eof).await
     }
 
     /// [`echo`] with `hello` as the hello's answer.
@@ -630,7 +631,7 @@ mod tests {
                             panic!("only reads here")
                         };
                         let resp = Response {
-                            data: Bytes::from(vec![r.id as u8; length as usize]),
+                            data: Bytes::from(vec![r.id.0 as u8; length as usize]),
                             ..Response::ok(r.id)
                         };
                         answer(&mut s, &[resp]).await;
@@ -690,7 +691,7 @@ mod tests {
     /// blocks and data, and ping is an op.
     #[tokio::test]
     async fn writes_carry_sums_and_corrupt_answers_name_their_blocks() {
-        let addr = fake(Response::ok(0), 3, |mut s, reqs| async move {
+        let addr = fake(Response::ok(RequestId(0)), 3, |mut s, reqs| async move {
             let mut resps = Vec::new();
             for r in &reqs {
                 match &r.op {
@@ -738,7 +739,11 @@ mod tests {
     async fn a_refused_hello_carries_the_reason() {
         let refusal = Response {
             end: true,
-            ..Response::failed(0, pb::Status::Unavailable, "generation 7 is lower than 9")
+            ..Response::failed(
+                RequestId(0),
+                pb::Status::Unavailable,
+                "generation 7 is lower than 9",
+            )
         };
         let addr = fake(refusal, 0, |_, _| async {}).await;
         match FramedDataPath::open(&addr, Generation(7), T, false).await {
@@ -765,7 +770,7 @@ mod tests {
                     let refusal = Response {
                         end: true,
                         ..Response::failed(
-                            0,
+                            RequestId(0),
                             pb::Status::Invalid,
                             format!(
                                 "protocol version {} is not supported; this replica speaks version 1",
@@ -776,7 +781,7 @@ mod tests {
                     answer(&mut s, &[refusal]).await;
                     continue;
                 }
-                answer(&mut s, &[Response::ok(0)]).await;
+                answer(&mut s, &[Response::ok(RequestId(0))]).await;
                 let mut buf = BytesMut::new();
                 let req = loop {
                     match frames::decode_request(&mut buf).unwrap() {
@@ -821,14 +826,14 @@ mod tests {
         );
         let welcome = || Response {
             message: format!("@{name}"),
-            ..Response::ok(0)
+            ..Response::ok(RequestId(0))
         };
         let unix = tokio::net::UnixListener::bind(format!("\0{name}")).unwrap();
         let served = tokio::spawn(async move {
             let (mut s, _) = unix.accept().await.unwrap();
             let hello = read_hello(&mut s).await;
             let mut b = Batch::default();
-            b.push_response(&Response::ok(0));
+            b.push_response(&Response::ok(RequestId(0)));
             b.write_to(&mut s).await.unwrap();
             let mut buf = BytesMut::new();
             let req = loop {
@@ -884,7 +889,7 @@ mod tests {
         let (eof_tx, _eof_rx) = tokio::sync::oneshot::channel();
         let gone = Response {
             message: "@zebu-test.nobody.listens".into(),
-            ..Response::ok(0)
+            ..Response::ok(RequestId(0))
         };
         let addr = echo_with(gone, eof_tx).await;
         let p: Arc<dyn DataPath> = Arc::new(
@@ -902,7 +907,7 @@ mod tests {
     #[tokio::test]
     async fn a_broken_connection_fails_every_pending_request_at_once() {
         // The fake reads all three requests, answers none, and closes the connection.
-        let addr = fake(Response::ok(0), 3, |s, _| async move { drop(s) }).await;
+        let addr = fake(Response::ok(RequestId(0)), 3, |s, _| async move { drop(s) }).await;
         let p: Arc<dyn DataPath> = Arc::new(
             FramedDataPath::open(&addr, Generation(7), T, false)
                 .await
@@ -931,11 +936,11 @@ mod tests {
 
     #[tokio::test]
     async fn an_end_notice_fails_pending_requests_with_its_reason() {
-        let addr = fake(Response::ok(0), 1, |mut s, _| async move {
+        let addr = fake(Response::ok(RequestId(0)), 1, |mut s, _| async move {
             let end = Response {
                 end: true,
                 ..Response::failed(
-                    0,
+                    RequestId(0),
                     pb::Status::Unavailable,
                     "fenced: generation 7 was superseded",
                 )

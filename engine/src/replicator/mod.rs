@@ -68,7 +68,7 @@ pub use client::{
 pub use error::{SecretAlreadySet, TlsAlreadySet, UnknownTransport, VolumeError};
 pub use frames::FramedDataPath;
 pub use rangelock::RangeLock;
-pub use rebuild::RebuildStatus;
+pub use rebuild::{RebuildKind, RebuildState, RebuildStatus};
 pub use repair::IntegrityCounters;
 pub use scrub::{ScrubReport, ScrubState};
 pub use start::{StartError, StartOptions};

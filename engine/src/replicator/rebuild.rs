@@ -26,7 +26,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use serde::Serialize;
 use zebu_proto::numbers::FlushNumber;
 use zebu_proto::replica as pb;
 
@@ -40,19 +39,57 @@ use crate::blockdev::BlockDevice;
 /// Control operations that move data (merges, layer copies) get this long.
 const LONG_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// Where the volume's rebuild tracker is. One rebuild runs at a time; a new one may start
+/// once the last one ended, either way:
+///
+/// ```text
+///   Idle ──start──► Running ──ok──► Done
+///                     │   ▲           │
+///                  error  └──start────┤
+///                     ▼               │
+///                   Failed ──start────┘
+/// ```
+///
+/// The control server maps it to `engine.proto`'s `RebuildState` (and the words of protocols
+/// 1-2) at its edge; nothing inside the engine compares words.
+#[derive(Debug, Clone, Default)]
+pub enum RebuildState {
+    /// No rebuild since the engine started.
+    #[default]
+    Idle,
+    Running,
+    Done,
+    /// The rebuild ended with this error; the replica was failed (ERR) or never joined.
+    Failed(Arc<VolumeError>),
+}
+
+impl RebuildState {
+    pub fn is_running(&self) -> bool {
+        matches!(self, RebuildState::Running)
+    }
+}
+
+/// How the replica is being brought in sync (see the module docs), known once it joined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RebuildKind {
+    /// Every layer of the source's chain copied (a replica that was never a member).
+    Full,
+    /// Only the regions that may differ compared and copied (a former member).
+    CatchUp,
+}
+
 /// What `rebuild-status` shows.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct RebuildStatus {
+    /// The address of the replica being (or last) rebuilt; empty while idle.
     pub replica: String,
-    /// idle, running, done, failed
-    pub state: String,
-    /// full or catch-up
-    pub kind: String,
+    pub state: RebuildState,
+    /// `None` until the replica joined (and while idle).
+    pub kind: Option<RebuildKind>,
     pub bytes_done: u64,
     pub bytes_total: u64,
     /// Bytes actually sent to the target.
     pub bytes_copied: u64,
-    pub error: String,
 }
 
 impl Volume {
@@ -61,53 +98,59 @@ impl Volume {
     }
 
     /// Adds the replica at `addr` and brings it in sync in the background; progress shows in
-    /// [`Volume::rebuild_status`]. Fails at once if the replica cannot join.
-    pub async fn start_rebuild(self: &Arc<Self>, addr: &str) -> Result<(), VolumeError> {
-        if self.rebuild_status().state == "running" {
-            return Err(VolumeError::RebuildRunning {
+    /// [`Volume::rebuild_status`]. Fails at once, changing nothing, if the replica cannot
+    /// join: unreachable or not answering, not a replica (another service's port), another
+    /// volume's, of another size, a member already (issue 18: `replica add` of an address
+    /// where nothing listens answered OK before, and failed only in the status).
+    pub async fn start_rebuild(self: &Arc<Self>, addr: &str) -> Result<(), Arc<VolumeError>> {
+        let now = self.rebuild_status();
+        if now.state.is_running() {
+            return Err(Arc::new(VolumeError::RebuildRunning {
                 volume: self.name().to_string(),
-                replica: self.rebuild_status().replica,
-            });
+                replica: now.replica,
+            }));
         }
         if let Some(r) = self
             .replicas()
             .into_iter()
             .find(|r| r.addr == addr && r.mode() != Mode::ERR)
         {
-            return Err(self.already_member(&r));
+            return Err(Arc::new(self.already_member(&r)));
         }
+        // Asked before anything changes: a failed replica that still does not answer stays
+        // listed as ERR, and the tracker keeps the last rebuild's outcome.
+        self.probe_target(addr).await.map_err(Arc::new)?;
         // Running from here on, so a client polling the status right after this call sees
         // this rebuild and not the one before.
         self.set_status(|s| {
             *s = RebuildStatus {
                 replica: addr.to_string(),
-                state: "running".into(),
+                state: RebuildState::Running,
                 ..RebuildStatus::default()
             }
         });
         let v = self.clone();
-        let addr = addr.to_string();
-        tokio::spawn(async move { v.rebuild(&addr).await });
+        let owned = addr.to_string();
+        tokio::spawn(async move { v.rebuild(&owned).await });
         Ok(())
     }
 
     /// Brings the replica at `addr` in sync (waiting for a rebuild already running), keeping
-    /// [`Volume::rebuild_status`] up to date.
-    pub async fn rebuild(self: &Arc<Self>, addr: &str) -> Result<(), VolumeError> {
+    /// [`Volume::rebuild_status`] up to date. The error is the one the status shows.
+    pub async fn rebuild(self: &Arc<Self>, addr: &str) -> Result<(), Arc<VolumeError>> {
         let _ops = self.ops.lock().await;
         self.set_status(|s| {
             *s = RebuildStatus {
                 replica: addr.to_string(),
-                state: "running".into(),
+                state: RebuildState::Running,
                 ..Default::default()
             }
         });
-        let res = self.rebuild_locked(addr).await;
-        self.set_status(|s| match &res {
-            Ok(()) => s.state = "done".into(),
-            Err(e) => {
-                s.state = "failed".into();
-                s.error = e.to_string();
+        let res = self.rebuild_locked(addr).await.map_err(Arc::new);
+        self.set_status(|s| {
+            s.state = match &res {
+                Ok(()) => RebuildState::Done,
+                Err(e) => RebuildState::Failed(e.clone()),
             }
         });
         match &res {
@@ -117,17 +160,12 @@ impl Volume {
         res
     }
 
-    /// The whole rebuild of one replica; see the module comment. The caller holds `ops`.
-    async fn rebuild_locked(self: &Arc<Self>, addr: &str) -> Result<(), VolumeError> {
-        if let Some(r) = self.replicas().into_iter().find(|r| r.addr == addr) {
-            if r.mode() != Mode::ERR {
-                return Err(self.already_member(&r));
-            }
-            self.replicas
-                .write()
-                .expect("invariant: replicas lock")
-                .retain(|x| x.addr != addr);
-        }
+    /// Connects to the replica at `addr` and asks its Info (within the I/O timeout): it must
+    /// answer, be this volume's (or no volume's) and of this volume's size.
+    async fn probe_target(
+        &self,
+        addr: &str,
+    ) -> Result<(tonic::transport::Channel, pb::InfoResponse), VolumeError> {
         let timeout = self.io_timeout();
         let volume = self.name().to_string();
         let channel = connect_channel(addr, timeout)
@@ -138,15 +176,16 @@ impl Volume {
                 source: Box::new(source),
             })?;
         let mut ctl = control_client(channel.clone());
-        let info = ctl
-            .info(pb::InfoRequest {})
+        let rpc = |message: String| VolumeError::Rpc {
+            volume: volume.clone(),
+            replica: addr.to_string(),
+            call: "Info",
+            message,
+        };
+        let info = tokio::time::timeout(timeout, ctl.info(pb::InfoRequest {}))
             .await
-            .map_err(|s| VolumeError::Rpc {
-                volume: volume.clone(),
-                replica: addr.to_string(),
-                call: "Info",
-                message: s.message().to_string(),
-            })?
+            .map_err(|_| rpc(format!("no answer within {timeout:?}")))?
+            .map_err(|s| rpc(s.message().to_string()))?
             .into_inner();
         if !info.volume_uuid.is_empty() && info.volume_uuid != self.uuid() {
             return Err(VolumeError::Foreign {
@@ -165,6 +204,23 @@ impl Volume {
                 volume_size: self.size(),
             });
         }
+        Ok((channel, info))
+    }
+
+    /// The whole rebuild of one replica; see the module comment. The caller holds `ops`.
+    async fn rebuild_locked(self: &Arc<Self>, addr: &str) -> Result<(), VolumeError> {
+        if let Some(r) = self.replicas().into_iter().find(|r| r.addr == addr) {
+            if r.mode() != Mode::ERR {
+                return Err(self.already_member(&r));
+            }
+            self.replicas
+                .write()
+                .expect("invariant: replicas lock")
+                .retain(|x| x.addr != addr);
+        }
+        let timeout = self.io_timeout();
+        let volume = self.name().to_string();
+        let (channel, info) = self.probe_target(addr).await?;
         let source = self.pick_reader().ok_or_else(|| self.faulted())?;
         let src_info = source
             .control()
@@ -228,7 +284,13 @@ impl Volume {
             let _g = self.gate.write().await;
             self.add_replica(target.clone());
         }
-        self.set_status(|s| s.kind = if catch_up { "catch-up" } else { "full" }.into());
+        self.set_status(|s| {
+            s.kind = Some(if catch_up {
+                RebuildKind::CatchUp
+            } else {
+                RebuildKind::Full
+            })
+        });
         let res = if catch_up {
             self.catch_up(&target, FlushNumber(info.flush_number)).await
         } else {
@@ -307,11 +369,11 @@ impl Volume {
                     // Another RW replica takes over; finished layers are not copied again.
                     self.fail(&source, &format!("rebuild source: {e}"));
                 }
-                Err(CopyError::Target(message)) => {
+                Err(CopyError::Target(failure)) => {
                     return Err(VolumeError::LayerCopy {
                         volume: self.name().to_string(),
                         replica: target.addr.clone(),
-                        message,
+                        message: failure.to_string(),
                     });
                 }
             }
@@ -327,13 +389,13 @@ impl Volume {
             .control()
             .info(pb::InfoRequest {})
             .await
-            .map_err(|s| CopyError::Source(s.message().into()))?
+            .map_err(|s| CopyError::Source(CopyFailure::info(&s)))?
             .into_inner();
         let dst = target
             .control()
             .info(pb::InfoRequest {})
             .await
-            .map_err(|s| CopyError::Target(s.message().into()))?
+            .map_err(|s| CopyError::Target(CopyFailure::info(&s)))?
             .into_inner();
         let chain = chain_names(&src);
         let layer =
@@ -349,8 +411,11 @@ impl Volume {
         });
         let mut parent = String::new();
         for name in &chain {
-            let l = layer(&src, name)
-                .ok_or_else(|| CopyError::Source(format!("layer {name} vanished")))?;
+            let l = layer(&src, name).ok_or_else(|| {
+                CopyError::Source(CopyFailure::Vanished {
+                    layer: name.clone(),
+                })
+            })?;
             let done = layer(&dst, name).is_some_and(|d| d.rebuilt && !d.incomplete);
             if !done {
                 self.copy_layer(source, target, &l, &parent).await?;
@@ -378,8 +443,14 @@ impl Volume {
             }),
         )
         .await
-        .map_err(|_| CopyError::Source("ReadLayer: timeout".into()))?
-        .map_err(|s| CopyError::Source(format!("ReadLayer {}: {}", l.name, s.message())))?
+        .map_err(|_| {
+            CopyError::Source(CopyFailure::Stalled {
+                call: "ReadLayer",
+                layer: l.name.clone(),
+                after: LONG_TIMEOUT,
+            })
+        })?
+        .map_err(|s| CopyError::Source(CopyFailure::rpc("ReadLayer", &l.name, &s)))?
         .into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel::<pb::WriteLayerRequest>(4);
         let first = pb::WriteLayerRequest {
@@ -391,9 +462,11 @@ impl Volume {
             size: l.size,
             chunk: None,
         };
-        tx.send(first)
-            .await
-            .map_err(|_| CopyError::Target("WriteLayer stream closed".into()))?;
+        tx.send(first).await.map_err(|_| {
+            CopyError::Target(CopyFailure::StreamClosed {
+                layer: l.name.clone(),
+            })
+        })?;
         let mut dst = target.control();
         let writer = tokio::spawn(async move {
             dst.write_layer(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -406,9 +479,14 @@ impl Volume {
             let chunk = match tokio::time::timeout(stall, reader.next()).await {
                 Ok(Some(c)) => c,
                 Ok(None) => break,
-                Err(_) => Err(tonic::Status::deadline_exceeded(format!(
-                    "no data for {stall:?}"
-                ))),
+                Err(_) => {
+                    source_err = Some(CopyFailure::Stalled {
+                        call: "ReadLayer",
+                        layer: l.name.clone(),
+                        after: stall,
+                    });
+                    break;
+                }
             };
             match chunk {
                 Ok(c) => {
@@ -423,7 +501,7 @@ impl Volume {
                     self.set_status(|s| s.bytes_copied += n);
                 }
                 Err(s) => {
-                    source_err = Some(format!("ReadLayer {}: {}", l.name, s.message()));
+                    source_err = Some(CopyFailure::rpc("ReadLayer", &l.name, &s));
                     break;
                 }
             }
@@ -436,15 +514,65 @@ impl Volume {
         drop(tx);
         writer
             .await
-            .map_err(|e| CopyError::Target(format!("WriteLayer task: {e}")))?
-            .map_err(|s| CopyError::Target(format!("WriteLayer {}: {}", l.name, s.message())))?;
+            .map_err(|source| {
+                CopyError::Target(CopyFailure::Task {
+                    layer: l.name.clone(),
+                    source,
+                })
+            })?
+            .map_err(|s| CopyError::Target(CopyFailure::rpc("WriteLayer", &l.name, &s)))?;
         Ok(())
     }
 }
 
-/// Which side of a layer copy failed, and the replica's words: a source failure moves the copy
-/// to another source, a target failure ends the rebuild.
+/// Which side of a layer copy failed: a source failure moves the copy to another source, a
+/// target failure ends the rebuild.
 enum CopyError {
-    Source(String),
-    Target(String),
+    Source(CopyFailure),
+    Target(CopyFailure),
+}
+
+/// Why one side of a layer copy failed; text from a replica is kept as it wrote it.
+#[derive(Debug, thiserror::Error)]
+enum CopyFailure {
+    #[error("Info: {message}")]
+    Info { message: String },
+    #[error("{call} {layer}: {message}")]
+    Rpc {
+        call: &'static str,
+        layer: String,
+        message: String,
+    },
+    #[error("{call} {layer}: no data for {after:?}")]
+    Stalled {
+        call: &'static str,
+        layer: String,
+        after: Duration,
+    },
+    #[error("layer {layer} vanished from the source")]
+    Vanished { layer: String },
+    #[error("WriteLayer {layer}: the stream closed")]
+    StreamClosed { layer: String },
+    #[error("WriteLayer {layer}: the writing task failed: {source}")]
+    Task {
+        layer: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+impl CopyFailure {
+    fn info(s: &tonic::Status) -> CopyFailure {
+        CopyFailure::Info {
+            message: s.message().to_string(),
+        }
+    }
+
+    fn rpc(call: &'static str, layer: &str, s: &tonic::Status) -> CopyFailure {
+        CopyFailure::Rpc {
+            call,
+            layer: layer.to_string(),
+            message: s.message().to_string(),
+        }
+    }
 }

@@ -47,8 +47,8 @@ use super::decide::{
     Reason, Report, Reported, StartInput, UuidChoice, decide_start, reconcile_plan,
 };
 use super::{
-    BLOCK, Membership, Mode, RangeLock, RebuildStatus, Replica, Volume, VolumeConfig, VolumeError,
-    connect_channel, control_client, open_data_path, rpc_error, written_ranges,
+    BLOCK, Membership, Mode, PathError, RangeLock, RebuildStatus, Replica, Volume, VolumeConfig,
+    VolumeError, connect_channel, control_client, open_data_path, rpc_error, written_ranges,
 };
 
 /// How an engine starts.
@@ -131,18 +131,30 @@ pub(super) fn chain_names(info: &pb::InfoResponse) -> Vec<String> {
     out
 }
 
-async fn probe(addr: &str, timeout: Duration) -> Result<Probe, String> {
-    let channel = connect_channel(addr, timeout)
-        .await
-        .map_err(|e| e.to_string())?;
+/// Why a replica could not be asked for its Info at start (it is then reported unreachable).
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    #[error(transparent)]
+    Connect(#[from] PathError),
+    #[error("no answer to Info within {0:?}")]
+    Timeout(Duration),
+    /// The replica's own words.
+    #[error("Info failed: {0}")]
+    Info(String),
+    #[error("the replica is closed")]
+    Closed,
+}
+
+async fn probe(addr: &str, timeout: Duration) -> Result<Probe, ProbeError> {
+    let channel = connect_channel(addr, timeout).await?;
     let mut c = control_client(channel.clone());
     let info = tokio::time::timeout(timeout, c.info(pb::InfoRequest {}))
         .await
-        .map_err(|_| format!("no answer to Info within {timeout:?}"))?
-        .map_err(|s| format!("Info failed: {}", s.message()))?
+        .map_err(|_| ProbeError::Timeout(timeout))?
+        .map_err(|s| ProbeError::Info(s.message().to_string()))?
         .into_inner();
     if !info.open {
-        return Err("the replica is closed".into());
+        return Err(ProbeError::Closed);
     }
     Ok(Probe {
         addr: addr.to_string(),
@@ -157,7 +169,7 @@ impl Volume {
     pub async fn start(opts: StartOptions) -> Result<(Arc<Volume>, Vec<String>), StartError> {
         let volume = opts.config.name.clone();
         let timeout = opts.config.io_timeout;
-        let probes: Vec<Result<Probe, String>> =
+        let probes: Vec<Result<Probe, ProbeError>> =
             futures::future::join_all(opts.replicas.iter().map(|a| probe(a, timeout))).await;
         let reports: Vec<(String, Report)> = opts
             .replicas
@@ -408,9 +420,9 @@ impl Volume {
 }
 
 /// What a probe found, for [`decide_start`].
-fn report_of(p: &Result<Probe, String>) -> Report {
+fn report_of(p: &Result<Probe, ProbeError>) -> Report {
     match p {
-        Err(why) => Report::Unreachable(why.clone()),
+        Err(why) => Report::Unreachable(why.to_string()),
         Ok(p) => Report::Open(Reported {
             id: ReplicaId::from(p.info.replica_id.as_str()),
             volume_uuid: p.info.volume_uuid.clone(),

@@ -58,6 +58,8 @@ pub struct AgentConfig {
     /// The instance manager's socket, when it starts the node's processes (in a cluster,
     /// so that they outlive the manager's container); `None`: the agent starts them.
     pub instance_manager: Option<PathBuf>,
+    /// TLS on the node's replica ports ([`crate::tls`]); `None`: plain TCP.
+    pub replica_tls: Option<crate::tls::ReplicaTls>,
 }
 
 /// Capacity of the filesystem holding `path`.
@@ -84,7 +86,8 @@ impl NodeAgent {
             cfg.address.clone(),
             cfg.log_dir.clone(),
         )
-        .with_instance_manager(cfg.instance_manager.clone());
+        .with_instance_manager(cfg.instance_manager.clone())
+        .with_replica_tls(cfg.replica_tls.clone());
         NodeAgent {
             store,
             cfg,
@@ -309,6 +312,7 @@ mod tests {
             heartbeat: Duration::from_millis(50),
             log_dir: dir.path().join("node-1/logs"),
             instance_manager: None,
+            replica_tls: None,
         };
         let agent = NodeAgent::new(store.clone(), cfg);
         agent.register().await.expect("register");

@@ -57,6 +57,7 @@ use zebu_types::secrets::VolumeIdentity;
 use zebu_types::store::{StoreError, TypedStore};
 
 use crate::process::{self, Identity, Launch};
+use crate::tls::ReplicaTls;
 
 const REPLICA_READY_TIMEOUT: Duration = Duration::from_secs(30);
 const ENGINE_READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -98,6 +99,9 @@ pub struct Instances {
     /// The instance manager's socket, when it starts the processes (see
     /// [`crate::instance_manager`]); `None`: this process does.
     via: Option<PathBuf>,
+    /// TLS on the replica ports ([`crate::tls`]): every replica serves this node's
+    /// certificate, every engine trusts the cluster's CA. `None`: plain TCP.
+    tls: Option<ReplicaTls>,
 }
 
 impl Clone for Instances {
@@ -111,6 +115,7 @@ impl Clone for Instances {
             backoff: self.backoff.clone(),
             starts: self.starts.clone(),
             via: self.via.clone(),
+            tls: self.tls.clone(),
         }
     }
 }
@@ -155,7 +160,14 @@ impl Instances {
             backoff: Arc::new(Mutex::new(HashMap::new())),
             starts: Arc::new(SyncMutex::new(HashMap::new())),
             via: None,
+            tls: None,
         }
+    }
+
+    /// Start replicas with TLS on their ports and engines trusting their CA.
+    pub fn with_replica_tls(mut self, tls: Option<ReplicaTls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Have the instance manager at `socket` start the processes.
@@ -388,6 +400,14 @@ impl Instances {
         if let Some((_, secret)) = &identity {
             args.extend(["--secret-file".into(), secret.display().to_string()]);
         }
+        if let Some(tls) = &self.tls {
+            args.extend([
+                "--tls-cert".into(),
+                tls.cert.display().to_string(),
+                "--tls-key".into(),
+                tls.key.display().to_string(),
+            ]);
+        }
         let launch = match process::binary("zebu-replica") {
             Ok(binary) => Launch {
                 what: format!("replica {name}"),
@@ -496,7 +516,7 @@ impl Instances {
         let launch = Launch {
             what: format!("engine {name}"),
             binary,
-            args: engine_args(e, &self.address, identity.as_ref()),
+            args: engine_args(e, &self.address, identity.as_ref(), self.tls.as_ref()),
             stdout: stdout.clone(),
             log: self.log_dir.join(format!("engine-{name}.log")),
             ready_prefix: "ready".into(),
@@ -544,8 +564,14 @@ impl Instances {
 }
 
 /// The command line of `e`'s engine on the node at `addr`: the volume's uuid and secret file
-/// when it has them (`identity`), never the secret itself.
-fn engine_args(e: &Engine, addr: &str, identity: Option<&(String, PathBuf)>) -> Vec<String> {
+/// when it has them (`identity`), never the secret itself; the CA its replicas' certificates
+/// are checked against when the cluster has TLS on the replica ports.
+fn engine_args(
+    e: &Engine,
+    addr: &str,
+    identity: Option<&(String, PathBuf)>,
+    tls: Option<&ReplicaTls>,
+) -> Vec<String> {
     // Reuse the previous ports after a restart so clients reconnect to
     // the same endpoint.
     let control = e
@@ -595,6 +621,9 @@ fn engine_args(e: &Engine, addr: &str, identity: Option<&(String, PathBuf)>) -> 
             "--secret-file".into(),
             secret.display().to_string(),
         ]);
+    }
+    if let Some(tls) = tls {
+        args.extend(["--tls-ca".into(), tls.ca.display().to_string()]);
     }
     args
 }
@@ -827,7 +856,7 @@ mod tests {
             "3f2a".to_string(),
             PathBuf::from("/d/secrets/zebu-volume-db"),
         );
-        let args = engine_args(&engine(), "127.0.0.11", Some(&id));
+        let args = engine_args(&engine(), "127.0.0.11", Some(&id), None);
         let at = |f: &str| {
             args.iter()
                 .position(|a| a == f)
@@ -836,12 +865,29 @@ mod tests {
         assert_eq!(at("--volume-uuid"), Some("3f2a"));
         assert_eq!(at("--secret-file"), Some("/d/secrets/zebu-volume-db"));
         // A volume made before identities (upgrade): started as it was, no uuid, no secret.
-        let old = engine_args(&engine(), "127.0.0.11", None);
+        let old = engine_args(&engine(), "127.0.0.11", None, None);
         assert!(
             !old.iter()
                 .any(|a| a == "--volume-uuid" || a == "--secret-file"),
             "{old:?}"
         );
         assert_eq!(args[..old.len()], old[..]);
+    }
+
+    #[test]
+    fn with_replica_tls_an_engine_trusts_the_clusters_ca_and_without_it_connects_plainly() {
+        let tls = ReplicaTls {
+            ca: "/d/node-1/tls/ca.crt".into(),
+            cert: "/d/node-1/tls/replica.crt".into(),
+            key: "/d/node-1/tls/replica.key".into(),
+        };
+        let args = engine_args(&engine(), "127.0.0.11", None, Some(&tls));
+        let at = args.iter().position(|a| a == "--tls-ca");
+        assert_eq!(
+            at.map(|i| args[i + 1].as_str()),
+            Some("/d/node-1/tls/ca.crt")
+        );
+        let plain = engine_args(&engine(), "127.0.0.11", None, None);
+        assert!(!plain.iter().any(|a| a.starts_with("--tls")), "{plain:?}");
     }
 }

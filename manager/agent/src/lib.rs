@@ -8,6 +8,8 @@
 //! - [`process`]: starting, finding (by command line) and stopping those processes.
 //! - [`instance_manager`]: the process that, in a cluster, is the parent of the node's
 //!   engines and replicas instead of the manager, so a manager restart never stops them.
+//! - [`tls`]: the cluster's replica CA and each node's certificate, when the replica ports
+//!   speak TLS.
 //!
 //! The agent reads and writes only through the store (`Arc<dyn Store>`, any backend) and
 //! talks to engines only through `zebu_ops::engine_rpc`.
@@ -16,5 +18,7 @@ pub mod agent;
 pub mod instance_manager;
 pub mod instances;
 pub mod process;
+pub mod tls;
 
 pub use agent::{AgentConfig, AgentError, NodeAgent};
+pub use tls::{CaFiles, ReplicaTls, TlsSetupError};

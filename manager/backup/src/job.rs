@@ -104,6 +104,10 @@ pub struct JobSpec {
     /// only clients that prove it. `None` for a volume made before volume secrets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_file: Option<PathBuf>,
+    /// The CA the replicas' certificates are checked against, when the cluster's replica
+    /// ports speak TLS (issue 18; `zebu_agent::tls`). `None`: plain TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
     pub job: JobKind,
 }
 
@@ -229,6 +233,7 @@ mod tests {
             },
             cache_dir: None,
             secret_file: None,
+            tls_ca: None,
             run_id: "v-1-0001".into(),
             session_ttl_secs: Some(30),
             job: JobKind::Backup(BackupJob {

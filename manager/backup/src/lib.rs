@@ -62,8 +62,14 @@ pub async fn run_job(spec: &JobSpec, job_file: &std::path::Path) -> Result<JobRe
     }
 }
 
-/// Loads the job's volume secret, if it names one, for every replica call of this process.
+/// Loads the job's volume secret, if it names one, for every replica call of this process,
+/// and the replicas' CA, if the job names one, for every replica connection.
 fn use_secret(spec: &JobSpec) -> Result<(), report::JobFailure> {
+    if let Some(ca) = &spec.tls_ca {
+        let tls = zebu_proto::tls::connector(ca)
+            .map_err(|e| report::JobFailure::permanent(format!("the replicas' CA: {e}")))?;
+        replica::set_replica_tls(tls).map_err(report::JobFailure::permanent)?;
+    }
     let Some(path) = &spec.secret_file else {
         return Ok(());
     };

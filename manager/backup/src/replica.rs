@@ -52,6 +52,17 @@ pub fn set_volume_secret(secret: zebu_proto::auth::Secret) -> Result<(), &'stati
         .map_err(|_| "the volume secret of this process is set already")
 }
 
+/// The CA replica certificates are checked against, when the job's cluster has TLS on the
+/// replica ports (issue 18): every later connection is made over TLS.
+static REPLICA_TLS: std::sync::OnceLock<zebu_proto::tls::TlsConnector> = std::sync::OnceLock::new();
+
+/// Connects to replicas over TLS from now on, trusting what `tls` trusts; once per process.
+pub fn set_replica_tls(tls: zebu_proto::tls::TlsConnector) -> Result<(), &'static str> {
+    REPLICA_TLS
+        .set(tls)
+        .map_err(|_| "the replica TLS of this process is set already")
+}
+
 /// Adds a fresh token to every call once the process has a secret.
 #[derive(Clone, Copy, Default)]
 pub struct AddToken;
@@ -100,7 +111,9 @@ impl ReplicaLink {
             // Large windows: a layer streams at disk speed, not at the default 64 KiB window.
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20));
-        let channel = match tokio::time::timeout(CALL_TIMEOUT, endpoint.connect()).await {
+        let connect =
+            zebu_proto::tls::grpc_channel(endpoint, addr, REPLICA_TLS.get(), CALL_TIMEOUT);
+        let channel = match tokio::time::timeout(CALL_TIMEOUT, connect).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(connect_err(e.to_string())),
             Err(_) => return Err(connect_err(format!("no answer within {CALL_TIMEOUT:?}"))),

@@ -68,6 +68,9 @@ const PERIOD: Duration = Duration::from_secs(1);
 pub struct BackupConfig {
     /// Job files, reports and logs; the family index cache under `cache/`.
     pub work_dir: PathBuf,
+    /// The CA of the replicas' certificates when their ports speak TLS (`zebu_agent::tls`);
+    /// every job connects to replicas over TLS then. `None`: plain TCP.
+    pub replica_tls_ca: Option<PathBuf>,
 }
 
 impl BackupConfig {
@@ -213,6 +216,7 @@ impl BackupController {
             run_id: String::new(),
             session_ttl_secs: Some(t.spec.session_ttl),
             secret_file: None,
+            tls_ca: self.cfg.replica_tls_ca.clone(),
             job,
         }
     }

@@ -267,6 +267,7 @@ impl StandbyController {
             target,
             cache_dir: Some(self.cfg.work_dir.join("cache")),
             secret_file,
+            tls_ca: self.cfg.replica_tls_ca.clone(),
             job: JobKind::Restore(RestoreJob {
                 family: family_of_backup(newest),
                 backup: newest.metadata.name.clone(),

@@ -58,6 +58,9 @@ pub struct Ops {
     store: Arc<dyn Store>,
     /// The copies into new volumes this process runs (see [`populate`]).
     copies: populate::Copies,
+    /// When the cluster's replica ports speak TLS: the CA their certificates are checked
+    /// against, for the replica clients of [`populate`].
+    replica_tls: Option<zebu_proto::tls::TlsConnector>,
 }
 
 impl Ops {
@@ -65,7 +68,14 @@ impl Ops {
         Ops {
             store,
             copies: populate::Copies::default(),
+            replica_tls: None,
         }
+    }
+
+    /// Connect to replicas over TLS, trusting what `tls` trusts (the cluster's replica CA).
+    pub fn with_replica_tls(mut self, tls: Option<zebu_proto::tls::TlsConnector>) -> Self {
+        self.replica_tls = tls;
+        self
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

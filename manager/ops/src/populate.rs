@@ -250,7 +250,7 @@ impl Ops {
         let mut chosen = None;
         let mut why = Vec::new();
         for addr in &sources {
-            match replica_client(addr, source_secret.clone()).await {
+            match replica_client(addr, source_secret.clone(), self.replica_tls.as_ref()).await {
                 Ok(mut c) => match c.info(pb::InfoRequest {}).await {
                     Ok(info) => match snapshot_chain(&info.into_inner(), snapshot) {
                         Ok(chain) => {
@@ -272,7 +272,7 @@ impl Ops {
         };
         let mut dsts = Vec::new();
         for addr in &targets {
-            let mut c = replica_client(addr, target_secret.clone())
+            let mut c = replica_client(addr, target_secret.clone(), self.replica_tls.as_ref())
                 .await
                 .map_err(&fail)?;
             let info = c
@@ -333,19 +333,26 @@ type AuthClient = ReplicaClient<
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, AddToken>,
 >;
 
+/// A client of the replica at `addr`, proving `secret` on every call, over TLS with `tls`.
 async fn replica_client(
     addr: &str,
     secret: Option<zebu_proto::auth::Secret>,
+    tls: Option<&zebu_proto::tls::TlsConnector>,
 ) -> Result<AuthClient, String> {
+    let timeout = Duration::from_secs(5);
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("replica {addr}: {e}"))?
+        .connect_timeout(timeout);
     let channel = tokio::time::timeout(
-        Duration::from_secs(5),
-        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("replica {addr}: {e}"))?
-            .connect(),
+        timeout,
+        zebu_proto::tls::grpc_channel(endpoint, addr, tls, timeout),
     )
     .await
     .map_err(|_| format!("replica {addr}: connect timed out"))?
-    .map_err(|e| format!("replica {addr}: cannot connect: {e}"))?;
+    .map_err(|e| {
+        let why = std::error::Error::source(&e).map_or_else(String::new, |s| format!(": {s}"));
+        format!("replica {addr}: cannot connect: {e}{why}")
+    })?;
     Ok(ReplicaClient::with_interceptor(channel, AddToken(secret))
         .max_decoding_message_size(pb::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(pb::MAX_MESSAGE_BYTES))

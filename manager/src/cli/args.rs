@@ -97,6 +97,11 @@ pub struct UpArgs {
     /// processes, instead of starting them as children of `zebu up`.
     #[arg(long, value_name = "SOCKET")]
     pub instance_manager: Option<PathBuf>,
+    /// TLS on every replica port: a CA made at the first start (kept in
+    /// `<data-dir>/tls/ca/`) signs each node's certificate for its address; engines and the
+    /// manager's replica clients connect over TLS and check it.
+    #[arg(long)]
+    pub replica_tls: bool,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -119,6 +124,12 @@ pub struct ManagerArgs {
     /// processes (the chart's layout), instead of starting them as this process's children.
     #[arg(long, value_name = "SOCKET")]
     pub instance_manager: Option<PathBuf>,
+    /// TLS on this node's replica ports: DIR holds the cluster's replica CA (`tls.crt` and
+    /// `tls.key`, a mounted Secret of type kubernetes.io/tls, or `ca.crt` and `ca.key`); the
+    /// manager signs this node's certificate for `--address` with it at start. Every node of
+    /// a cluster needs the same CA.
+    #[arg(long, value_name = "DIR")]
+    pub replica_tls_ca: Option<PathBuf>,
 }
 
 /// The longest node name whose Lease name (`zebu-node-NAME`) is still a valid object name.

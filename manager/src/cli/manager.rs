@@ -13,6 +13,7 @@
 //!
 //! It checks what it can before it claims anything: the flags (clap), the API server
 //! reachable within [`REACH_TIMEOUT`], the data directory writable, the API address free,
+//! the replica CA readable and this node's certificate made (with `--replica-tls-ca`),
 //! the node registered (which needs the CRDs installed and the rights of the chart's Role).
 //! Each failure is one line on stderr and exit code 1.
 
@@ -72,6 +73,19 @@ pub async fn manager(
         .with_context(|| format!("binding the API to {listen}"))?;
     let addr = listener.local_addr()?;
 
+    // TLS on the replica ports: this node's certificate, signed by the cluster's CA.
+    let replica_tls = match &args.replica_tls_ca {
+        Some(dir) => {
+            let ca = zebu_agent::CaFiles::find(dir)?;
+            Some(ca.issue(&args.node, args.address, &data_dir.join("tls"))?)
+        }
+        None => None,
+    };
+    let ops_tls = match &replica_tls {
+        Some(tls) => Some(tls.connector()?),
+        None => None,
+    };
+
     let store: Arc<dyn Store> = Arc::new(
         KubeStore::new(client.clone(), namespace, KubeStoreOptions::default())
             .with_secret_dir(data_dir.join("secrets")),
@@ -85,6 +99,7 @@ pub async fn manager(
             heartbeat: NODE_STATUS_EVERY,
             log_dir: data_dir.join("logs"),
             instance_manager: args.instance_manager.clone(),
+            replica_tls: replica_tls.clone(),
         },
     );
     agent.register().await.with_context(|| {
@@ -115,6 +130,7 @@ pub async fn manager(
     // with the lead (see `singletons`).
     let backup_cfg = zebu_controllers::backup::BackupConfig {
         work_dir: data_dir.join("backups"),
+        replica_tls_ca: replica_tls.as_ref().map(|t| t.ca.clone()),
     };
     let backups = {
         let store = store.clone();
@@ -168,10 +184,13 @@ pub async fn manager(
     if let Err(e) = super::render::emit(&banner) {
         tracing::warn!("cannot write to stdout: {e}");
     }
-    axum::serve(listener, zebu_api::router(Ops::new(store)))
-        .with_graceful_shutdown(super::up::shutdown_signal())
-        .await
-        .context("serving the API")?;
+    axum::serve(
+        listener,
+        zebu_api::router(Ops::new(store).with_replica_tls(ops_tls)),
+    )
+    .with_graceful_shutdown(super::up::shutdown_signal())
+    .await
+    .context("serving the API")?;
     let _ = stop_tx.send(true);
     if let Err(e) = controllers.await {
         tracing::warn!("controller task failed: {e}");

@@ -166,24 +166,40 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding the API to {}", args.listen))?;
     let addr = listener.local_addr()?;
-    let configs = addresses
-        .iter()
-        .enumerate()
-        .map(|(i, address)| {
-            let name = format!("node-{}", i + 1);
-            AgentConfig {
-                node: name.clone(),
-                address: address.to_string(),
-                disks: BTreeMap::from([(
-                    "disk-0".to_string(),
-                    data_dir.join(&name).join("disk-0"),
-                )]),
-                heartbeat: Duration::from_secs(2),
-                log_dir: data_dir.join(&name).join("logs"),
-                instance_manager: args.instance_manager.clone(),
-            }
-        })
-        .collect();
+    // TLS on the replica ports: the cluster's CA (made once, kept), a certificate per node.
+    let ca = if args.replica_tls {
+        Some(zebu_agent::CaFiles::ensure(
+            &data_dir.join("tls").join("ca"),
+        )?)
+    } else {
+        None
+    };
+    let mut configs = Vec::new();
+    for (i, address) in addresses.iter().enumerate() {
+        let name = format!("node-{}", i + 1);
+        let replica_tls = match &ca {
+            Some(ca) => Some(ca.issue(
+                &name,
+                std::net::IpAddr::V4(*address),
+                &data_dir.join(&name).join("tls"),
+            )?),
+            None => None,
+        };
+        configs.push(AgentConfig {
+            node: name.clone(),
+            address: address.to_string(),
+            disks: BTreeMap::from([("disk-0".to_string(), data_dir.join(&name).join("disk-0"))]),
+            heartbeat: Duration::from_secs(2),
+            log_dir: data_dir.join(&name).join("logs"),
+            instance_manager: args.instance_manager.clone(),
+            replica_tls,
+        });
+    }
+    let replica_tls_ca = ca.as_ref().map(|ca| ca.cert.clone());
+    let ops_tls = match &replica_tls_ca {
+        Some(ca) => Some(zebu_proto::tls::connector(ca)?),
+        None => None,
+    };
     let agents = Arc::new(LocalAgents::new(store.clone(), configs));
     agents.start_all().await.context("registering the nodes")?;
     // One pass before the API answers, so volume status left from before a restart (an
@@ -200,6 +216,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         store.clone(),
         zebu_controllers::backup::BackupConfig {
             work_dir: data_dir.join("backups"),
+            replica_tls_ca: replica_tls_ca.clone(),
         },
         stop_rx.clone(),
     ));
@@ -207,6 +224,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         store.clone(),
         zebu_controllers::backup::BackupConfig {
             work_dir: data_dir.join("backups"),
+            replica_tls_ca: replica_tls_ca.clone(),
         },
         stop_rx.clone(),
     ));
@@ -226,8 +244,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     if let Err(e) = emit(&banner) {
         tracing::warn!("cannot write to stdout: {e}");
     }
-    let app =
-        zebu_api::router(Ops::new(store.clone())).merge(crate::standalone::router(agents.clone()));
+    let app = zebu_api::router(Ops::new(store.clone()).with_replica_tls(ops_tls))
+        .merge(crate::standalone::router(agents.clone()));
     let provider = volume.map(|vol| {
         tokio::spawn(async move {
             let name = vol.name.clone();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use zebu_engine::workload::{
+use zebu_testkit::workload::{
     self, Expect, NbdClient, Pattern, RunReport, Scope, StopAfter, WorkloadConfig,
 };
 

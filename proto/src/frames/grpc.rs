@@ -3,6 +3,7 @@
 //! from the same types.
 
 use super::{Request, RequestOp, Response};
+use crate::ids::RequestId;
 use crate::replica as pb;
 use crate::replica::data_request::Op;
 use crate::sums::{BlockSums, SUM_BLOCK};
@@ -57,7 +58,10 @@ impl TryFrom<pb::DataRequest> for Request {
             },
             Op::Ping(_) => RequestOp::Ping,
         };
-        Ok(Request { id: r.id, op })
+        Ok(Request {
+            id: RequestId(r.id),
+            op,
+        })
     }
 }
 
@@ -83,7 +87,7 @@ impl From<Request> for pb::DataRequest {
             RequestOp::Ping => Op::Ping(pb::PingOp {}),
         };
         pb::DataRequest {
-            id: r.id,
+            id: r.id.0,
             op: Some(op),
         }
     }
@@ -92,7 +96,7 @@ impl From<Request> for pb::DataRequest {
 impl From<Response> for pb::DataResponse {
     fn from(r: Response) -> pb::DataResponse {
         pb::DataResponse {
-            id: r.id,
+            id: r.id.0,
             status: r.status as i32,
             message: r.message,
             data: r.data,
@@ -106,7 +110,7 @@ impl From<pb::DataResponse> for Response {
     /// A status this build does not know is an I/O error: the request did not succeed.
     fn from(r: pb::DataResponse) -> Response {
         Response {
-            id: r.id,
+            id: RequestId(r.id),
             status: pb::Status::try_from(r.status).unwrap_or(pb::Status::IoError),
             end: false,
             message: r.message,

@@ -5,6 +5,7 @@ use std::fmt;
 use bytes::{Buf, Bytes, BytesMut};
 
 use super::{Decoded, FrameError, MAX_FRAME_PAYLOAD, REQUEST_HEADER_LEN, u64_at};
+use crate::ids::RequestId;
 use crate::sums::{BlockSums, SUM_BLOCK_U64};
 
 pub(super) const OP_READ: u8 = 1;
@@ -18,7 +19,7 @@ pub(super) const REQ_FLAG_SUMS: u8 = 2;
 /// One data request, whichever transport carried it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
-    pub id: u64,
+    pub id: RequestId,
     pub op: RequestOp,
 }
 
@@ -164,7 +165,10 @@ impl RequestHeader {
                 flush_number: self.flush_number,
             },
         };
-        Request { id: self.id, op }
+        Request {
+            id: RequestId(self.id),
+            op,
+        }
     }
 }
 
@@ -175,7 +179,7 @@ impl Request {
         let mut h = RequestHeader {
             op: 0,
             flags: 0,
-            id: self.id,
+            id: self.id.0,
             offset: 0,
             length: 0,
             flush_number: 0,
@@ -243,10 +247,10 @@ impl fmt::Display for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.op {
             RequestOp::Read { offset, length } => {
-                write!(f, "#{} read {offset}+{length}", self.id)
+                write!(f, "#{} read {offset}+{length}", self.id.0)
             }
             RequestOp::Write { offset, data, sums } => {
-                write!(f, "#{} write {offset}+{}", self.id, data.len())?;
+                write!(f, "#{} write {offset}+{}", self.id.0, data.len())?;
                 if sums.is_some() {
                     f.write_str(" with sums")?;
                 }
@@ -259,11 +263,11 @@ impl fmt::Display for Request {
             } => write!(
                 f,
                 "#{} unmap {offset}+{length}{}",
-                self.id,
+                self.id.0,
                 if *zero_fill { " zero-fill" } else { "" }
             ),
-            RequestOp::Flush { flush_number } => write!(f, "#{} flush {flush_number}", self.id),
-            RequestOp::Ping => write!(f, "#{} ping", self.id),
+            RequestOp::Flush { flush_number } => write!(f, "#{} flush {flush_number}", self.id.0),
+            RequestOp::Ping => write!(f, "#{} ping", self.id.0),
         }
     }
 }

@@ -8,6 +8,7 @@ use super::{
     Decoded, FrameError, MAX_CORRUPT, MAX_MESSAGE_LEN, RESPONSE_HEADER_LEN, status_byte, u32_at,
     u64_at, zeros,
 };
+use crate::ids::RequestId;
 use crate::replica::{MAX_IO_BYTES, Status};
 
 pub(super) const RESP_FLAG_END: u8 = 1;
@@ -16,7 +17,7 @@ pub(super) const RESP_FLAG_ZEROS: u8 = 2;
 /// One answer (or the hello's answer, or an END notice).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response {
-    pub id: u64,
+    pub id: RequestId,
     pub status: Status,
     /// The server ends the connection after this; see the module docs.
     pub end: bool,
@@ -31,7 +32,7 @@ pub struct Response {
 }
 
 impl Response {
-    pub fn ok(id: u64) -> Response {
+    pub fn ok(id: RequestId) -> Response {
         Response {
             id,
             status: Status::Ok,
@@ -43,7 +44,7 @@ impl Response {
         }
     }
 
-    pub fn failed(id: u64, status: Status, message: impl Into<String>) -> Response {
+    pub fn failed(id: RequestId, status: Status, message: impl Into<String>) -> Response {
         Response {
             status,
             message: message.into(),
@@ -73,7 +74,7 @@ impl Response {
     /// The header of this response.
     pub fn header(&self) -> ResponseHeader {
         ResponseHeader {
-            id: self.id,
+            id: self.id.0,
             status: self.status,
             end: self.end,
             message_len: self.wire_message().len() as u32,
@@ -102,7 +103,7 @@ impl Response {
 impl fmt::Display for Response {
     /// The response without its payload, for logs.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "#{} {}", self.id, self.status.as_str_name())?;
+        write!(f, "#{} {}", self.id.0, self.status.as_str_name())?;
         if self.end {
             f.write_str(" END")?;
         }
@@ -238,7 +239,7 @@ pub fn decode_response(buf: &mut BytesMut) -> Result<Decoded<Response>, FrameErr
         buf.split_to(h.payload_len as usize).freeze()
     };
     Ok(Decoded::Frame(Response {
-        id: h.id,
+        id: RequestId(h.id),
         status: h.status,
         end: h.end,
         message,

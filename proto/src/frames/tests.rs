@@ -1,5 +1,6 @@
 use super::request::{OP_READ, OP_WRITE, REQ_FLAG_SUMS, REQ_FLAG_ZERO_FILL};
 use super::*;
+use crate::ids::RequestId;
 use crate::sums::{BlockSums, block_crc};
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
@@ -119,14 +120,14 @@ fn a_version_3_hello_carries_extensions_that_unknown_servers_skip_unless_critica
 fn every_request_round_trips() {
     let reqs = [
         Request {
-            id: 1,
+            id: RequestId(1),
             op: RequestOp::Read {
                 offset: 4096,
                 length: 8192,
             },
         },
         Request {
-            id: 2,
+            id: RequestId(2),
             op: RequestOp::Write {
                 offset: 12288,
                 data: Bytes::from(vec![7u8; 4096]),
@@ -134,7 +135,7 @@ fn every_request_round_trips() {
             },
         },
         Request {
-            id: 22,
+            id: RequestId(22),
             op: RequestOp::Write {
                 offset: 0,
                 data: Bytes::from(vec![8u8; 3 * 4096]),
@@ -142,11 +143,11 @@ fn every_request_round_trips() {
             },
         },
         Request {
-            id: 23,
+            id: RequestId(23),
             op: RequestOp::Ping,
         },
         Request {
-            id: 3,
+            id: RequestId(3),
             op: RequestOp::Unmap {
                 offset: 0,
                 length: 1 << 20,
@@ -154,7 +155,7 @@ fn every_request_round_trips() {
             },
         },
         Request {
-            id: 4,
+            id: RequestId(4),
             op: RequestOp::Unmap {
                 offset: 0,
                 length: 1 << 20,
@@ -162,7 +163,7 @@ fn every_request_round_trips() {
             },
         },
         Request {
-            id: u64::MAX,
+            id: RequestId(u64::MAX),
             op: RequestOp::Flush { flush_number: 77 },
         },
     ];
@@ -186,7 +187,7 @@ fn every_request_round_trips() {
 #[test]
 fn a_partial_request_asks_for_the_rest_and_consumes_nothing() {
     let r = Request {
-        id: 5,
+        id: RequestId(5),
         op: RequestOp::Write {
             offset: 0,
             data: Bytes::from(vec![1u8; 100]),
@@ -220,7 +221,7 @@ fn a_partial_request_asks_for_the_rest_and_consumes_nothing() {
 fn large_writes_are_sent_without_a_copy() {
     let data = Bytes::from(vec![9u8; 1 << 20]);
     let r = Request {
-        id: 6,
+        id: RequestId(6),
         op: RequestOp::Write {
             offset: 0,
             data: data.clone(),
@@ -248,7 +249,7 @@ fn large_writes_are_sent_without_a_copy() {
 #[test]
 fn malformed_request_headers_are_errors() {
     let good = Request {
-        id: 1,
+        id: RequestId(1),
         op: RequestOp::Read {
             offset: 0,
             length: 4096,
@@ -318,33 +319,41 @@ fn malformed_request_headers_are_errors() {
 #[test]
 fn responses_round_trip_with_message_and_data() {
     let resps = [
-        Response::ok(0),
+        Response::ok(RequestId(0)),
         Response {
             data: Bytes::from(vec![3u8; 4096]),
-            ..Response::ok(10)
+            ..Response::ok(RequestId(10))
         },
         Response {
             data: Bytes::from(vec![4u8; 1 << 20]),
-            ..Response::ok(11)
+            ..Response::ok(RequestId(11))
         },
         Response {
             flush_number: 42,
-            ..Response::ok(12)
+            ..Response::ok(RequestId(12))
         },
         Response::failed(
-            13,
+            RequestId(13),
             Status::Invalid,
             "read of 9 bytes is larger than … the limit",
         ),
-        Response::failed(14, Status::NoSpace, "disk full"),
+        Response::failed(RequestId(14), Status::NoSpace, "disk full"),
         Response {
             data: Bytes::from(vec![5u8; 3 * 4096]),
             corrupt: vec![0, 2],
-            ..Response::failed(15, Status::Corrupt, "2 blocks fail their checksum")
+            ..Response::failed(
+                RequestId(15),
+                Status::Corrupt,
+                "2 blocks fail their checksum",
+            )
         },
         Response {
             end: true,
-            ..Response::failed(0, Status::Unavailable, "fenced: generation 1 < 2")
+            ..Response::failed(
+                RequestId(0),
+                Status::Unavailable,
+                "fenced: generation 1 < 2",
+            )
         },
     ];
     let mut batch = Batch::default();
@@ -363,12 +372,12 @@ fn holes_travel_as_a_flag_to_version_2_peers_only() {
     const MIB: usize = 1 << 20;
     let hole = Response {
         data: zeros(MIB),
-        ..Response::ok(5)
+        ..Response::ok(RequestId(5))
     };
     // Zeros that are real data (not from `zeros`) are sent as they are.
     let written_zeros = Response {
         data: Bytes::from(vec![0u8; 4096]),
-        ..Response::ok(6)
+        ..Response::ok(RequestId(6))
     };
     let mut v2 = Batch::for_version(2);
     v2.push_response(&hole);
@@ -417,7 +426,7 @@ fn zeros_are_recognised_by_where_they_live() {
 #[test]
 fn long_messages_are_cut_on_a_char_boundary() {
     let msg = "é".repeat(MAX_MESSAGE_LEN); // 2 bytes each
-    let r = Response::failed(1, Status::IoError, msg);
+    let r = Response::failed(RequestId(1), Status::IoError, msg);
     let mut buf = frame_of_response(&r);
     let back = one_response(&mut buf);
     assert!(back.message.len() <= MAX_MESSAGE_LEN);
@@ -427,7 +436,7 @@ fn long_messages_are_cut_on_a_char_boundary() {
 
 #[test]
 fn malformed_response_headers_are_errors() {
-    let good = Response::ok(1).header().encode();
+    let good = Response::ok(RequestId(1)).header().encode();
     let mut h = good;
     h[0] = 6;
     assert_eq!(
@@ -441,7 +450,7 @@ fn malformed_response_headers_are_errors() {
         Err(FrameError::BadFlags { .. })
     ));
     // ZEROS is for data, which only an OK answer has.
-    let mut h = Response::failed(1, Status::IoError, "x").header();
+    let mut h = Response::failed(RequestId(1), Status::IoError, "x").header();
     h.zeros = true;
     assert!(matches!(
         ResponseHeader::decode(&h.encode()),
@@ -457,19 +466,19 @@ fn malformed_response_headers_are_errors() {
         ResponseHeader::decode(&h),
         Err(FrameError::StrayCorruptList { .. })
     ));
-    let mut h = Response::failed(1, Status::Corrupt, "x").header();
+    let mut h = Response::failed(RequestId(1), Status::Corrupt, "x").header();
     h.corrupt_count = MAX_CORRUPT + 1;
     assert!(matches!(
         ResponseHeader::decode(&h.encode()),
         Err(FrameError::TooLarge { .. })
     ));
-    let mut h = Response::ok(1).header();
+    let mut h = Response::ok(RequestId(1)).header();
     h.message_len = MAX_MESSAGE_LEN as u32 + 1;
     assert!(matches!(
         ResponseHeader::decode(&h.encode()),
         Err(FrameError::TooLarge { .. })
     ));
-    let mut h = Response::ok(1).header();
+    let mut h = Response::ok(RequestId(1)).header();
     h.payload_len = MAX_IO_BYTES as u32 + 1;
     assert!(matches!(
         ResponseHeader::decode(&h.encode()),
@@ -480,7 +489,7 @@ fn malformed_response_headers_are_errors() {
 #[test]
 fn display_leaves_out_payloads() {
     let r = Request {
-        id: 3,
+        id: RequestId(3),
         op: RequestOp::Write {
             offset: 8192,
             data: Bytes::from(vec![0xAB; 4096]),
@@ -490,7 +499,7 @@ fn display_leaves_out_payloads() {
     assert_eq!(r.to_string(), "#3 write 8192+4096 with sums");
     let a = Response {
         data: Bytes::from(vec![0xAB; 4096]),
-        ..Response::ok(3)
+        ..Response::ok(RequestId(3))
     };
     assert_eq!(a.to_string(), "#3 STATUS_OK 4096 bytes");
 }
@@ -525,7 +534,10 @@ fn arb_request() -> impl Strategy<Value = Request> {
         }),
         any::<u64>().prop_map(|flush_number| RequestOp::Flush { flush_number }),
     ];
-    (any::<u64>(), op).prop_map(|(id, op)| Request { id, op })
+    (any::<u64>(), op).prop_map(|(id, op)| Request {
+        id: RequestId(id),
+        op,
+    })
 }
 
 fn arb_response() -> impl Strategy<Value = Response> {
@@ -544,7 +556,7 @@ fn arb_response() -> impl Strategy<Value = Response> {
         .prop_map(|(id, s, end, message, flush_number, data, corrupt)| {
             let status = Status::try_from(s).expect("0..6 are statuses");
             Response {
-                id,
+                id: RequestId(id),
                 status,
                 end,
                 message,
@@ -664,7 +676,7 @@ proptest! {
 fn older_peers_get_writes_without_sums_and_corrupt_answers_as_io_errors() {
     let data = Bytes::from(vec![1u8; 8192]);
     let w = Request {
-        id: 1,
+        id: RequestId(1),
         op: RequestOp::Write {
             offset: 0,
             data: data.clone(),
@@ -691,7 +703,7 @@ fn older_peers_get_writes_without_sums_and_corrupt_answers_as_io_errors() {
     let bad = Response {
         data: Bytes::from(vec![9u8; 8192]),
         corrupt: vec![1],
-        ..Response::failed(2, Status::Corrupt, "block 1 fails its checksum")
+        ..Response::failed(RequestId(2), Status::Corrupt, "block 1 fails its checksum")
     };
     for version in [1, 2] {
         let mut b = Batch::for_version(version);
@@ -709,7 +721,7 @@ fn older_peers_get_writes_without_sums_and_corrupt_answers_as_io_errors() {
 #[test]
 fn a_request_with_sums_that_do_not_fit_its_data_goes_without_them() {
     let r = Request {
-        id: 1,
+        id: RequestId(1),
         op: RequestOp::Write {
             offset: 0,
             data: Bytes::from(vec![1u8; 8192]),
@@ -727,7 +739,7 @@ fn grpc_messages_convert_to_the_one_request_type_and_back() {
     let data = Bytes::from(vec![4u8; 8192]);
     let reqs = [
         Request {
-            id: 1,
+            id: RequestId(1),
             op: RequestOp::Write {
                 offset: 4096,
                 data: data.clone(),
@@ -735,14 +747,14 @@ fn grpc_messages_convert_to_the_one_request_type_and_back() {
             },
         },
         Request {
-            id: 2,
+            id: RequestId(2),
             op: RequestOp::Read {
                 offset: 0,
                 length: 4096,
             },
         },
         Request {
-            id: 3,
+            id: RequestId(3),
             op: RequestOp::Unmap {
                 offset: 0,
                 length: 4096,
@@ -750,11 +762,11 @@ fn grpc_messages_convert_to_the_one_request_type_and_back() {
             },
         },
         Request {
-            id: 4,
+            id: RequestId(4),
             op: RequestOp::Flush { flush_number: 9 },
         },
         Request {
-            id: 5,
+            id: RequestId(5),
             op: RequestOp::Ping,
         },
     ];
@@ -784,7 +796,7 @@ fn grpc_messages_convert_to_the_one_request_type_and_back() {
     let resp = Response {
         data: data.clone(),
         corrupt: vec![1],
-        ..Response::failed(7, Status::Corrupt, "bad")
+        ..Response::failed(RequestId(7), Status::Corrupt, "bad")
     };
     assert_eq!(Response::from(pb::DataResponse::from(resp.clone())), resp);
 }

@@ -26,6 +26,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 use zebu_proto::frames::{Request, RequestOp, Response};
+use zebu_proto::ids::RequestId;
 use zebu_proto::numbers::Generation;
 use zebu_proto::replica as pb;
 use zebu_proto::replica::data_request::Op;
@@ -63,7 +64,7 @@ async fn run(shared: Arc<Shared>, mut inbound: Streaming<pb::DataRequest>, tx: T
     tracing::Span::current().record("generation", generation);
     info!("data stream accepted");
     if tx
-        .send(Ok(pb::DataResponse::from(Response::ok(0))))
+        .send(Ok(pb::DataResponse::from(Response::ok(RequestId::HELLO))))
         .await
         .is_err()
     {
@@ -303,7 +304,7 @@ async fn execute(
     let id = req.id;
     let resp = match Request::try_from(req) {
         Ok(req) => run_op(&shared, generation, closes, req).await,
-        Err(e) => Response::failed(id, DataStatus::Invalid, e.to_string()),
+        Err(e) => Response::failed(RequestId(id), DataStatus::Invalid, e.to_string()),
     };
     if resp.status != DataStatus::Ok {
         debug!(id, status = ?resp.status, "request failed: {}", resp.message);
@@ -338,7 +339,7 @@ pub(super) async fn run_op(
             if length > MAX_IO_BYTES {
                 return Response::failed(id, DataStatus::Invalid, too_large("read", length));
             }
-            debug!(id, offset, length, "read");
+            debug!(id = id.0, offset, length, "read");
             replica.read_verified(offset, length).await.map(|got| {
                 if got.corrupt.is_empty() {
                     Response {
@@ -363,7 +364,13 @@ pub(super) async fn run_op(
             if len > MAX_IO_BYTES {
                 return Response::failed(id, DataStatus::Invalid, too_large("write", len));
             }
-            debug!(id, offset, length = len, sums = sums.is_some(), "write");
+            debug!(
+                id = id.0,
+                offset,
+                length = len,
+                sums = sums.is_some(),
+                "write"
+            );
             replica
                 .write_with_sums(offset, data, sums)
                 .await
@@ -374,7 +381,7 @@ pub(super) async fn run_op(
             length,
             zero_fill,
         } => {
-            debug!(id, offset, length, "unmap");
+            debug!(id = id.0, offset, length, "unmap");
             let done = if zero_fill {
                 replica.zero_fill(offset, length).await
             } else {
@@ -383,7 +390,7 @@ pub(super) async fn run_op(
             done.map(|()| Response::ok(id))
         }
         RequestOp::Flush { flush_number } => {
-            debug!(id, flush_number, "flush");
+            debug!(id = id.0, flush_number, "flush");
             replica.flush(flush_number).await.map(|n| Response {
                 flush_number: n,
                 ..Response::ok(id)
@@ -395,7 +402,7 @@ pub(super) async fn run_op(
     result.unwrap_or_else(|e| {
         let status = data_status_of(&e);
         if status == DataStatus::IoError {
-            warn!(id, "request failed with an I/O error: {e}");
+            warn!(id = id.0, "request failed with an I/O error: {e}");
         }
         let corrupt = match &e {
             // A write refused because its edge blocks fail their checksum: which ones.

@@ -48,6 +48,7 @@ use zebu_proto::auth;
 use zebu_proto::frames::{
     self, Batch, Decoded, FrameError, Hello, REQUEST_HEADER_LEN, Request, RequestHeader, Response,
 };
+use zebu_proto::ids::RequestId;
 use zebu_proto::replica as pb;
 
 use super::data;
@@ -139,7 +140,7 @@ where
             info!(code = ?status.code(), "frames stream refused: {}", status.message());
             let refusal = Response {
                 end: true,
-                ..Response::failed(0, frame_status(&status), status.message())
+                ..Response::failed(RequestId::HELLO, frame_status(&status), status.message())
             };
             let _ = write_one(&mut wr, &refusal).await;
             return;
@@ -150,7 +151,7 @@ where
     // streams instead (frames.rs in proto: "The local socket").
     let welcome = Response {
         message: shared.local_socket.get().cloned().unwrap_or_default(),
-        ..Response::ok(0)
+        ..Response::ok(RequestId::HELLO)
     };
     if let Err(e) = write_one(&mut wr, &welcome).await {
         return info!("frames connection lost at the hello answer: {e}");
@@ -339,7 +340,7 @@ where
 fn end_notice(status: pb::Status, why: &str) -> Response {
     Response {
         end: true,
-        ..Response::failed(0, status, why)
+        ..Response::failed(RequestId::HELLO, status, why)
     }
 }
 
@@ -367,7 +368,7 @@ async fn execute(
 ) -> Answer {
     let answer = data::run_op(&shared, generation, closes, req).await;
     if answer.status != pb::Status::Ok {
-        debug!(id = answer.id, status = ?answer.status, "request failed: {}", answer.message);
+        debug!(id = answer.id.0, status = ?answer.status, "request failed: {}", answer.message);
     }
     (answer, Some(permits))
 }
@@ -416,7 +417,7 @@ where
     }]);
     let answer = Response {
         data: challenge.encode().into(),
-        ..Response::ok(0)
+        ..Response::ok(RequestId::HELLO)
     };
     write_one(wr, &answer)
         .await

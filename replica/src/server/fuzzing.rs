@@ -372,6 +372,7 @@ fn check_answers(out: &[u8]) {
 mod tests {
     use rand::{Rng, SeedableRng};
     use zebu_proto::frames::{Request, RequestOp};
+    use zebu_proto::ids::RequestId;
 
     use super::*;
 
@@ -387,7 +388,7 @@ mod tests {
     fn requests() -> Vec<u8> {
         let reqs = [
             Request {
-                id: 1,
+                id: RequestId(1),
                 op: RequestOp::Write {
                     offset: 4096,
                     data: bytes::Bytes::from(vec![7u8; 4096]),
@@ -395,20 +396,20 @@ mod tests {
                 },
             },
             Request {
-                id: 2,
+                id: RequestId(2),
                 op: RequestOp::Read {
                     offset: 0,
                     length: 8192,
                 },
             },
             Request {
-                id: 3,
+                id: RequestId(3),
                 op: RequestOp::Flush {
                     flush_number: u64::MAX,
                 },
             },
             Request {
-                id: 4,
+                id: RequestId(4),
                 op: RequestOp::Ping,
             },
         ];
@@ -441,7 +442,7 @@ mod tests {
             let offset = u64::from(mode) << 20;
             let pattern = 0x70 + mode;
             let write = Request {
-                id: 1,
+                id: RequestId(1),
                 op: RequestOp::Write {
                     offset,
                     data: bytes::Bytes::from(vec![pattern; 4096]),
@@ -453,11 +454,12 @@ mod tests {
             input.extend_from_slice(&[pattern; 4096]);
             let got = decoded(&answers(&input));
             assert!(
-                got.iter().any(|r| r.id == 1 && r.status == Status::Ok),
+                got.iter()
+                    .any(|r| r.id == RequestId(1) && r.status == Status::Ok),
                 "mode {mode}: the write is answered OK: {got:?}"
             );
             let read = Request {
-                id: 2,
+                id: RequestId(2),
                 op: RequestOp::Read {
                     offset,
                     length: 4096,
@@ -468,7 +470,7 @@ mod tests {
             let got = decoded(&answers(&input));
             let read = got
                 .iter()
-                .find(|r| r.id == 2)
+                .find(|r| r.id == RequestId(2))
                 .unwrap_or_else(|| panic!("mode {mode}: no answer to the read: {got:?}"));
             assert_eq!(read.status, Status::Ok, "mode {mode}: {read:?}");
             assert!(

@@ -39,6 +39,7 @@
 mod convert;
 mod data;
 mod frames;
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 mod layer;

@@ -155,8 +155,8 @@ impl Meta {
         LayerId(self.next_layer_id)
     }
 
-    /// Checks the structure: the head exists and is unnamed, snapshots are named uniquely,
-    /// parents exist, there is no cycle.
+    /// Checks the structure: the head exists and is unnamed, layer ids and snapshot names are
+    /// unique, parents exist, there is no cycle.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |why: String| ReplicaError::Corrupt {
             path: path.to_owned(),
@@ -175,9 +175,15 @@ impl Meta {
             return Err(bad("the head has a snapshot name".into()));
         }
         let mut names = std::collections::HashSet::new();
+        let mut ids = std::collections::HashSet::new();
         for l in &self.layers {
             if l.id.0 > self.next_layer_id {
                 return Err(bad(format!("{} above next_layer_id", l.id)));
+            }
+            // Two entries of one id would open one file twice (issue 18: the replica then
+            // waited on its own lock and blamed another process).
+            if !ids.insert(l.id) {
+                return Err(bad(format!("{} is listed twice", l.id)));
             }
             if l.id != self.head && l.name.is_none() {
                 return Err(bad(format!("{} is neither the head nor named", l.id)));

@@ -223,6 +223,15 @@ impl Regions {
             .write(true)
             .open(path)
             .map_err(ctx)?;
+        // A file cut short (empty after a crash of the filesystem, or damaged) is named as
+        // such, not as a read that "failed to fill whole buffer" (issue 18).
+        let len = file.metadata().map_err(ctx)?.len();
+        if len < HEADER_PAGES * PAGE {
+            return Err(corrupt(&format!(
+                "{len} bytes, shorter than its {}-byte header",
+                HEADER_PAGES * PAGE
+            )));
+        }
         let mut hdr = vec![0u8; (HEADER_PAGES * PAGE) as usize];
         file.read_exact_at(&mut hdr, 0).map_err(ctx)?;
         let slots = [

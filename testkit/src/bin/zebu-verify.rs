@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use zebu_engine::blockdev::BlockDevice;
 use zebu_engine::cli_args::{parse_bytes, parse_duration};
-use zebu_engine::workload::{
+use zebu_testkit::workload::{
     self, Expect, Model, NbdClient, Pattern, RunId, Scope, StopAfter, WorkloadConfig,
 };
 

@@ -1,4 +1,4 @@
-//! Entry points for the cargo-fuzz targets in `fuzz/` (not a stable API).
+//! The iSCSI target's fuzz harnesses (`fuzz/`'s `iscsi_pdu` and `iscsi_login`).
 //!
 //! Each function takes the fuzzer's raw bytes, drives one part of the target that an
 //! initiator controls, and panics only when an invariant is broken; bad input itself must
@@ -17,12 +17,12 @@
 use bytes::{Bytes, BytesMut};
 use futures::executor::block_on;
 
-use super::chap::Chap;
-use super::login::{self, LoginConfig, Params, SessionKind, parse_keys};
-use super::pdu::{
+use zebu_engine::iscsi::chap::Chap;
+use zebu_engine::iscsi::login::{self, LoginConfig, Params, SessionKind, parse_keys};
+use zebu_engine::iscsi::pdu::{
     BHS_LEN, Bhs, PduError, PduReader, RESERVED_TAG, ReadOutcome, encode, op, reject,
 };
-use super::text::{self, LOGIN_SEGMENT, TextStep};
+use zebu_engine::iscsi::text::{self, LOGIN_SEGMENT, TextStep};
 
 /// Reads PDUs from `data` until the stream ends or framing fails.
 ///

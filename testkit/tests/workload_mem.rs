@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 use zebu_engine::blockdev::{BlockDevice, BlockError, BoxFuture, MemDevice};
-use zebu_engine::workload::{
+use zebu_testkit::workload::{
     self, BlockIndex, Expect, Model, Pattern, RunId, Scope, StopAfter, WorkloadConfig,
 };
 

@@ -32,7 +32,7 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::blockdev::{BlockDevice, BlockError, BoxFuture};
+use zebu_engine::blockdev::{BlockDevice, BlockError, BoxFuture};
 
 const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
 const IHAVEOPT: u64 = 0x4948_4156_454f_5054;

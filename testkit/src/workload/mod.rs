@@ -1,5 +1,5 @@
 //! The verified workload: writes self-describing blocks to a
-//! [`BlockDevice`](crate::blockdev::BlockDevice), remembers what was acknowledged and flushed,
+//! [`BlockDevice`](zebu_engine::blockdev::BlockDevice), remembers what was acknowledged and flushed,
 //! and checks the device against that memory.
 //!
 //! Every data-safety test of Zebu is built from three steps:
@@ -20,7 +20,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use zebu_engine::blockdev::BlockDevice;
-//! use zebu_engine::workload::{self, Expect, Model, RunId, Scope, WorkloadConfig};
+//! use zebu_testkit::workload::{self, Expect, Model, RunId, Scope, WorkloadConfig};
 //! let dev = zebu_engine::blockdev::MemDevice::new(64 << 20);
 //! let cfg = WorkloadConfig::default();
 //! let mut model = cfg.new_model(dev.size(), RunId::random())?;

@@ -11,7 +11,7 @@ use futures::stream::FuturesUnordered;
 use super::BlockIndex;
 use super::driver::{IoFailure, OpKind};
 use super::model::{Candidate, Expect, Model, Wrong};
-use crate::blockdev::{BlockDevice, BlockError};
+use zebu_engine::blockdev::{BlockDevice, BlockError};
 
 /// Which blocks to read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::model::{Expect, FlushTicket, Model, Wrong};
 use super::stamp::SplitMix;
 use super::{BlockIndex, RunId, Seq, WorkloadError};
-use crate::blockdev::{BlockDevice, BlockError};
+use zebu_engine::blockdev::{BlockDevice, BlockError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pattern {

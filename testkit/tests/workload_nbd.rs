@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::future::join_all;
 use zebu_engine::blockdev::{BlockDevice, BlockError};
-use zebu_engine::workload::{self, Expect, NbdClient, RunId, Scope, StopAfter, WorkloadConfig};
+use zebu_testkit::workload::{self, Expect, NbdClient, RunId, Scope, StopAfter, WorkloadConfig};
 
 /// An `nbdkit` process serving on a free loopback port; killed (by its own handle) on drop.
 struct Nbdkit {
