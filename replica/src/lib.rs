@@ -6,6 +6,7 @@
 //!   the per-region flush record the engine reconciles with. Extent-map indexes in memory.
 //! - [`io`]: reads, writes and syncs of layer files over io_uring (several rings) or a thread
 //!   pool, with `O_DIRECT` where the filesystem allows it.
+//! - [`pathtime`]: counters of where a write's and a flush's time goes, per step.
 //! - [`server`]: the `zebu.replica.v1` gRPC service (data stream with generation fencing,
 //!   control, catch-up and sync RPCs); `zebu-replica serve|info` is the binary around it.
 //!
@@ -22,6 +23,7 @@
 
 pub mod error;
 pub mod io;
+pub mod pathtime;
 pub mod server;
 pub mod store;
 

@@ -10,7 +10,8 @@
 //! line `listening on ADDR` (the bound address, so `--listen 127.0.0.1:0` works) to stdout
 //! once the socket is bound, and closes the replica cleanly on SIGTERM or SIGINT. Failures
 //! are reported as one line on stderr and a non-zero exit. Logs go to stderr, filtered by
-//! `RUST_LOG` (default `info`).
+//! `RUST_LOG` (default `info`). On SIGUSR1 `serve` logs one line `path times {JSON}`: the
+//! counters of where its writes and flushes spent their time (`zebu_replica::pathtime`).
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -203,6 +204,15 @@ async fn serve(
 ) -> anyhow::Result<()> {
     let io = IoEngine::with_config(io, config).context("cannot start the I/O engine")?;
     info!(backend = %io.backend(), cache = %io.cache(), "I/O engine ready");
+    // Where writes and flushes spend their time (`pathtime.rs`), on demand: `kill -USR1`
+    // (set up before `listening on` is printed, so a signal sent after it never kills us).
+    let times = io.times().clone();
+    let mut sigusr1 = signal(SignalKind::user_defined1()).context("cannot handle SIGUSR1")?;
+    tokio::spawn(async move {
+        while sigusr1.recv().await.is_some() {
+            info!("path times {}", times.to_json());
+        }
+    });
     let replica = Replica::open_or_create(dir, size, io.clone())
         .await
         .context("cannot open the replica")?;

@@ -72,6 +72,7 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
+use crate::pathtime::PathTimes;
 use request::Request;
 use threads::ThreadPool;
 use uring::UringBackend;
@@ -377,6 +378,9 @@ pub struct IoEngine {
     inner: Arc<Executor>,
     cache: CacheMode,
     checksums: bool,
+    /// Where writes and flushes spend their time, for every replica served with this engine
+    /// (`pathtime.rs`).
+    times: Arc<PathTimes>,
 }
 
 enum Executor {
@@ -436,6 +440,7 @@ impl IoEngine {
             inner: Arc::new(executor),
             cache: config.cache,
             checksums: config.checksums,
+            times: Arc::default(),
         })
     }
 
@@ -447,6 +452,11 @@ impl IoEngine {
     /// Whether replicas opened with this engine keep checksums ([`IoConfig::checksums`]).
     pub fn checksums(&self) -> bool {
         self.checksums
+    }
+
+    /// The write and flush step counters of this process (`pathtime.rs`).
+    pub fn times(&self) -> &Arc<PathTimes> {
+        &self.times
     }
 
     pub fn backend(&self) -> Backend {

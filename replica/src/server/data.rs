@@ -19,7 +19,7 @@
 //! version 1 client gets IO_ERROR where a version 3 client gets CORRUPT).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -34,6 +34,7 @@ use zebu_proto::replica::data_request::Op;
 use super::convert::{DataStatus, data_status_of};
 use super::{Fence, MAX_BYTES_IN_FLIGHT, MAX_IN_FLIGHT, MAX_IO_BYTES, MAX_MESSAGE_BYTES, Shared};
 use crate::ReplicaError;
+use crate::pathtime::Step;
 
 /// How long a new stream may take to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -303,7 +304,7 @@ async fn execute(
 ) {
     let id = req.id;
     let resp = match Request::try_from(req) {
-        Ok(req) => run_op(&shared, generation, closes, req).await,
+        Ok(req) => run_op(&shared, generation, closes, req, Instant::now()).await,
         Err(e) => Response::failed(RequestId(id), DataStatus::Invalid, e.to_string()),
     };
     if resp.status != DataStatus::Ok {
@@ -315,12 +316,14 @@ async fn execute(
 }
 
 /// Executes one request under a read guard, re-checking the fence first, and answers it.
-/// Shared by both transports, so they fence, refuse and answer identically.
+/// Shared by both transports, so they fence, refuse and answer identically. `received`: when
+/// the transport decoded it (the start of its `queued` step, `pathtime.rs`).
 pub(super) async fn run_op(
     shared: &Shared,
     generation: u64,
     closes: u64,
     req: Request,
+    received: Instant,
 ) -> Response {
     let id = req.id;
     let state = shared.state.read().await;
@@ -364,17 +367,13 @@ pub(super) async fn run_op(
             if len > MAX_IO_BYTES {
                 return Response::failed(id, DataStatus::Invalid, too_large("write", len));
             }
-            debug!(
-                id = id.0,
-                offset,
-                length = len,
-                sums = sums.is_some(),
-                "write"
-            );
-            replica
-                .write_with_sums(offset, data, sums)
-                .await
-                .map(|()| Response::ok(id))
+            debug!(id = id.0, offset, length = len, sums = sums.is_some(), "write");
+            let times = shared.io.times();
+            let started = Instant::now();
+            times.add(Step::WriteQueued, started - received);
+            let done = replica.write_with_sums(offset, data, sums).await;
+            times.since(Step::WriteStore, started);
+            done.map(|()| Response::ok(id))
         }
         RequestOp::Unmap {
             offset,
@@ -391,7 +390,12 @@ pub(super) async fn run_op(
         }
         RequestOp::Flush { flush_number } => {
             debug!(id = id.0, flush_number, "flush");
-            replica.flush(flush_number).await.map(|n| Response {
+            let times = shared.io.times();
+            let started = Instant::now();
+            times.add(Step::FlushQueued, started - received);
+            let done = replica.flush(flush_number).await;
+            times.since(Step::FlushStore, started);
+            done.map(|n| Response {
                 flush_number: n,
                 ..Response::ok(id)
             })

@@ -35,7 +35,7 @@
 
 use std::fmt::Display;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use futures::stream::FuturesUnordered;
@@ -46,7 +46,8 @@ use tonic::{Code, Status};
 use tracing::{Instrument, debug, info, info_span};
 use zebu_proto::auth;
 use zebu_proto::frames::{
-    self, Batch, Decoded, FrameError, Hello, REQUEST_HEADER_LEN, Request, RequestHeader, Response,
+    self, Batch, Decoded, FrameError, Hello, REQUEST_HEADER_LEN, Request, RequestHeader, RequestOp,
+    Response,
 };
 use zebu_proto::ids::RequestId;
 use zebu_proto::replica as pb;
@@ -54,6 +55,7 @@ use zebu_proto::replica as pb;
 use super::data;
 use super::{MAX_IN_FLIGHT, Shared};
 use crate::io::{AlignedBuf, IO_ALIGN};
+use crate::pathtime::{PathTimes, Step};
 
 /// How long a new connection may take to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -65,8 +67,9 @@ const DIRECT_PAYLOAD_MIN: usize = 64 << 10;
 /// Most answers gathered into one vectored write (keeps the iovec count well under IOV_MAX).
 const MAX_BATCH: usize = 128;
 
-/// An answer and the budget its request holds until the answer is on the socket.
-type Answer = (Response, Option<Permits>);
+/// An answer, the budget its request holds until the answer is on the socket, and the
+/// step that measures the way onto the socket with the moment it starts (`pathtime.rs`).
+type Answer = (Response, Option<Permits>, Option<(Step, Instant)>);
 type Permits = (OwnedSemaphorePermit, OwnedSemaphorePermit);
 
 #[derive(Debug, thiserror::Error)]
@@ -185,16 +188,19 @@ where
 struct Outbox {
     batch: Batch,
     held: Vec<Option<Permits>>,
+    /// The answers whose way onto the socket is measured.
+    timed: Vec<(Step, Instant)>,
     /// A write failed: nobody will read answers any more; they are dropped from now on.
     gone: bool,
 }
 
 impl Outbox {
-    fn push(&mut self, (resp, permits): Answer) {
+    fn push(&mut self, (resp, permits, timed): Answer) {
         if !self.gone {
             self.batch.push_response(&resp);
         }
         self.held.push(permits);
+        self.timed.extend(timed);
     }
 
     fn full(&self) -> bool {
@@ -204,7 +210,7 @@ impl Outbox {
     /// Sends what is gathered (one vectored write, or a few if the socket takes less), then
     /// releases the budget of those requests. TCP_NODELAY is set on accept, so the answers
     /// leave at once.
-    async fn send<W: AsyncWrite + Unpin>(&mut self, wr: &mut W) {
+    async fn send<W: AsyncWrite + Unpin>(&mut self, wr: &mut W, times: &PathTimes) {
         if !self.gone
             && !self.batch.is_empty()
             && let Err(e) = self.batch.write_to(wr).await
@@ -213,6 +219,10 @@ impl Outbox {
             // halfway); their answers are dropped.
             debug!("frames connection lost ({e}); finishing the requests in flight");
             self.gone = true;
+        }
+        let now = Instant::now();
+        for (step, since) in self.timed.drain(..) {
+            times.add(step, now.saturating_duration_since(since));
         }
         self.batch.clear();
         self.held.clear();
@@ -246,24 +256,33 @@ where
     // The port's budget, shared with every other stream (module docs of `server`).
     let bytes = shared.in_flight.clone();
     let mut running = FuturesUnordered::new();
-    // A request read but not started: the budget is spent until answers are written.
-    let mut waiting: Option<(Request, u32)> = None;
+    // A request read (and when) but not started: the budget is spent until answers are
+    // written.
+    let mut waiting: Option<((Request, Instant), u32)> = None;
     let mut end: Option<Response> = None;
     let mut eof = false;
     let mut out = Outbox {
         batch: Batch::for_version(version),
         held: Vec::with_capacity(MAX_BATCH),
+        timed: Vec::with_capacity(MAX_BATCH),
         gone: false,
     };
     // Starts a request read off the socket, or parks it until the budget allows.
-    let start =
-        |req: Request, running: &mut FuturesUnordered<_>, waiting: &mut Option<(Request, u32)>| {
-            let units = data::request_units(&req);
-            match try_acquire(&count, &bytes, units) {
-                Some(p) => running.push(execute(shared.clone(), generation, closes, req, p)),
-                None => *waiting = Some((req, units)),
-            }
-        };
+    let start = |req: Request,
+                 running: &mut FuturesUnordered<_>,
+                 waiting: &mut Option<((Request, Instant), u32)>| {
+        let units = data::request_units(&req);
+        match try_acquire(&count, &bytes, units) {
+            Some(p) => running.push(execute(
+                shared.clone(),
+                generation,
+                closes,
+                (req, Instant::now()),
+                p,
+            )),
+            None => *waiting = Some(((req, Instant::now()), units)),
+        }
+    };
     loop {
         if end.is_none()
             && let Some(why) = data::fenced(*fence.borrow_and_update(), generation, closes)
@@ -305,7 +324,7 @@ where
             }
         }
         if !out.held.is_empty() {
-            out.send(wr).await;
+            out.send(wr, shared.io.times()).await;
             continue;
         }
         let reading = end.is_none() && !eof && !out.gone;
@@ -363,14 +382,23 @@ async fn execute(
     shared: Arc<Shared>,
     generation: u64,
     closes: u64,
-    req: Request,
+    (req, received): (Request, Instant),
     permits: Permits,
 ) -> Answer {
-    let answer = data::run_op(&shared, generation, closes, req).await;
+    let answer_step = match req.op {
+        RequestOp::Write { .. } => Some(Step::WriteAnswer),
+        RequestOp::Flush { .. } => Some(Step::FlushAnswer),
+        _ => None,
+    };
+    let answer = data::run_op(&shared, generation, closes, req, received).await;
     if answer.status != pb::Status::Ok {
         debug!(id = answer.id.0, status = ?answer.status, "request failed: {}", answer.message);
     }
-    (answer, Some(permits))
+    (
+        answer,
+        Some(permits),
+        answer_step.map(|s| (s, Instant::now())),
+    )
 }
 
 /// The frames status for a status that ends or refuses a gRPC stream.

@@ -83,7 +83,7 @@ impl Replica {
         Ok(())
     }
 
-    fn mark_lost(&self, why: String) -> ReplicaError {
+    pub(super) fn mark_lost(&self, why: String) -> ReplicaError {
         let mut lost = self.lost.lock().expect("invariant: lost lock not poisoned");
         if lost.is_none() {
             tracing::error!(dir = %self.dir.display(), "replica LOST, every request fails from now on: {why}");

@@ -319,10 +319,15 @@ fn damage_outside_the_regions_a_crash_left_dirty_is_still_found_after_it() {
         let r = Replica::create(dir.path(), SIZE, io(CacheMode::Page))
             .await
             .expect("create");
-        // Region 0 (16 MiB) flushed long enough ago to be clean; region 1 written just now.
+        // Region 0 (16 MiB) flushed long enough ago to be clean (its mark run out, and the
+        // flushes recorded once their sums were durable, `sumsync.rs`); region 1 written just
+        // now.
         r.write(0, block(1)).await.expect("write");
         for _ in 0..=super::regions::LOOKAHEAD {
             r.flush(0).await.expect("flush");
+        }
+        while r.regions.recorded() < r.regions.flushed() {
+            tokio::time::sleep(super::sumsync::SUMS_SYNC_INTERVAL / 2).await;
         }
         r.write(16 * MIB, block(2)).await.expect("write");
         assert_eq!(r.info().dirty_regions, vec![1]);

@@ -54,6 +54,7 @@ mod meta;
 mod regions;
 mod snapshot;
 mod sums;
+mod sumsync;
 
 #[cfg(test)]
 mod integrity_tests;
@@ -69,12 +70,14 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 use bytes::Bytes;
 use zebu_proto::sums::BlockSums;
 
 use crate::error::{ReplicaError, Result};
 use crate::io::{AlignedBuf, CacheMode, DataFile, IoEngine};
+use crate::pathtime::Step;
 use meta::{LayerMeta, META_FILE, META_TMP, Meta, REGIONS_FILE, layer_path};
 use regions::Regions;
 use sums::{CLEAN_CLOSE, SumFile, id_from_sum_name, sum_path};
@@ -445,6 +448,7 @@ impl Replica {
             lost: Mutex::new(None),
         });
         replica.spawn_file_watch();
+        replica.spawn_sums_sync();
         if !checksums {
             tracing::warn!(dir = %dir.display(), "checksums are off: nothing read is verified, and every layer's checksums are computed anew when they are on again");
         } else {
@@ -729,7 +733,11 @@ impl Replica {
             _ if !self.io.checksums() => BlockSums::default(),
             _ => BlockSums::of(&data).expect("invariant: aligned writes are whole blocks"),
         };
-        let _ticket = self.regions.begin_write(range.clone()).await?;
+        let times = self.io.times();
+        let started = Instant::now();
+        let _ticket = self.regions.begin_write(range.clone(), times).await?;
+        let marked = Instant::now();
+        times.add(Step::WriteMark, marked - started);
         let (head, head_sums) = {
             let c = self.chain();
             (c.head_file(), c.head_sums())
@@ -739,6 +747,7 @@ impl Replica {
             .write_bytes_at(&head, offset, data)
             .await
             .map_err(io_err(format!("write {len} bytes at {offset}")))?;
+        times.since(Step::WriteData, marked);
         if self.io.checksums() {
             self.stage_head_sums(&head_sums, offset / BLOCK_SIZE, &sums);
         }
@@ -800,7 +809,10 @@ impl Replica {
 
     /// Unmaps a block-aligned range of the head. The caller holds the gate.
     async fn unmap_aligned(&self, range: Range<u64>) -> Result<()> {
-        let _ticket = self.regions.begin_write(range.clone()).await?;
+        let _ticket = self
+            .regions
+            .begin_write(range.clone(), self.io.times())
+            .await?;
         let (head, head_sums, pieces) = {
             let c = self.chain();
             (
@@ -854,13 +866,61 @@ impl Replica {
     /// `flush_number` 0 means "my own number + 1".
     pub async fn flush(&self, flush_number: u64) -> Result<u64> {
         self.check_open()?;
+        let times = self.io.times();
+        let t0 = Instant::now();
         let _f = self.flush_lock.lock().await;
+        let t1 = Instant::now();
+        times.add(Step::FlushLock, t1 - t0);
         let n = self.regions.start_flush(flush_number).await?;
-        self.sync_head().await?;
+        let t2 = Instant::now();
+        times.add(Step::FlushDrain, t2 - t1);
+        self.sync_head_data().await?;
+        let t3 = Instant::now();
+        times.add(Step::FlushSync, t3 - t2);
         // Never a durable flush over files that are gone (`health.rs`).
         self.check_files()?;
-        self.regions.complete_flush(n).await?;
+        let t4 = Instant::now();
+        times.add(Step::FlushCheck, t4 - t3);
+        if self.io.checksums() {
+            // Recorded once its checksums are durable too (`sumsync.rs`).
+            self.regions.note_flush(n);
+        } else {
+            self.regions.complete_flush(n).await?;
+        }
+        times.since(Step::FlushRecord, t4);
         Ok(n)
+    }
+
+    /// The flush's part of [`Replica::sync_head`]: fdatasyncs the head and writes its staged
+    /// sums back into the checksum file (the page cache), in parallel; the checksum file's
+    /// fdatasync follows within [`sumsync::SUMS_SYNC_INTERVAL`] (`sumsync.rs` says why that
+    /// keeps every guarantee). Every write completed before this has its data durable and
+    /// its sum in the page cache when it returns.
+    async fn sync_head_data(&self) -> Result<()> {
+        let (head, sums) = {
+            let c = self.chain();
+            (c.head_file(), c.head_sums())
+        };
+        let times = self.io.times();
+        let started = Instant::now();
+        let checksums = self.io.checksums();
+        let (data, sums) = tokio::join!(
+            async {
+                let r = self.io.sync(&head).await;
+                times.since(Step::FlushHeadSync, started);
+                r
+            },
+            async {
+                if !checksums {
+                    return Ok(());
+                }
+                let r = self.write_back_sums(&sums).await;
+                times.since(Step::FlushSumsSync, started);
+                r
+            }
+        );
+        data.map_err(io_err("fdatasync head"))?;
+        sums.map_err(io_err("write back the head's checksums"))
     }
 
     /// fdatasyncs the head and its checksum file (its staged sums written first), in
@@ -881,6 +941,13 @@ impl Replica {
     /// page cache, inline when it is a few pages (one flush after a few writes), else on a
     /// blocking thread.
     async fn sync_sums(&self, sums: &Arc<SumFile>) -> std::io::Result<()> {
+        self.write_back_sums(sums).await?;
+        self.io.sync(sums.data_file()).await
+    }
+
+    /// Writes a checksum file's staged sums into it (the page cache), inline when they are a
+    /// few pages, else on a blocking thread.
+    async fn write_back_sums(&self, sums: &Arc<SumFile>) -> std::io::Result<()> {
         let staged = sums.staged_pages();
         // A background write-back holds the file's writer lock: wait for it off the async
         // threads too.
@@ -892,7 +959,7 @@ impl Replica {
         } else if staged > 0 {
             sums.write_back()?;
         }
-        self.io.sync(sums.data_file()).await
+        Ok(())
     }
 
     /// Stages the sums of a head write (`sums.rs`), and starts a background write-back when
@@ -1073,6 +1140,8 @@ impl Replica {
         }
         let _g = self.gate.write().await;
         self.sync_head().await?;
+        // Data and sums are durable: the last flush may be recorded (`sumsync.rs`).
+        self.regions.complete_flush(self.regions.flushed()).await?;
         if let Some(why) = self.lost() {
             // Not a clean close: what is left must be settled (or replaced) at the next open.
             return Err(ReplicaError::Lost(why));

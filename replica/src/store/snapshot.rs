@@ -77,8 +77,10 @@ impl Replica {
         }
         let _g = self.gate.write().await;
         let old_head = self.chain().head;
-        // The frozen layer's checksums are durable from the moment it exists (`sums.rs`).
+        // The frozen layer's checksums are durable from the moment it exists (`sums.rs`), and
+        // so are those of every flush so far: it may be recorded (`sumsync.rs`).
         self.sync_head().await?;
+        self.regions.complete_flush(self.regions.flushed()).await?;
         let size = self.size();
         let (dir, new_id) = (self.dir.clone(), LayerId(self.meta().next_layer_id + 1));
         let cache = self.io.cache();
@@ -308,7 +310,7 @@ impl Replica {
             .id;
         let _g = self.gate.write().await;
         // Everything may read differently afterwards: mark it before anything changes.
-        self.regions.mark_all_dirty().await?;
+        self.regions.mark_all_dirty(self.io.times()).await?;
         let size = self.size();
         let old_head = self.chain().head;
         let (dir, new_id) = (self.dir.clone(), LayerId(self.meta().next_layer_id + 1));

@@ -61,9 +61,10 @@
 //!   durably marked dirty *before* the data changes, and it stays dirty on disk until a
 //!   flush numbered at least its mark has completed. A flush starts only once every write
 //!   tagged with its number has completed (so their sums are staged), writes back the staged
-//!   sums and fdatasyncs the head and its checksum file (in parallel) before it records the
-//!   flush number: everything written before a completed flush has its data and sum on disk
-//!   together. So after any crash, a head block whose sum may disagree with its data lies in
+//!   sums and fdatasyncs the head; the checksum file's fdatasync follows within 50 ms, and
+//!   only then is the flush number recorded in the region record (`sumsync.rs`): every flush
+//!   *recorded* has its data and sums on disk together, and a flush not yet recorded leaves
+//!   its regions dirty on disk, so a power cut before its sums are durable is settled. So after any crash, a head block whose sum may disagree with its data lies in
 //!   a region marked dirty (written since the last durable flush). What a crash leaves there:
 //!   after kill -9, the data of every completed write (the page cache survives the process)
 //!   and the file's older sum for each block written since the last write-back; after a power
