@@ -17,12 +17,12 @@
 # RSS. The goals of the issue are checked and printed PASS or FAIL.
 #
 #   benches/backup-bench.sh [OUT.txt]
-#   env: SIZE=4G REPLICAS=3 SERVER=moto|gofakes3 WORKDIR=/var/tmp/backup-bench
-#        ZEBU_BIN_DIR=target/release GOFAKES3=path/to/gofakes3
+#   env: SIZE=4G REPLICAS=3 SERVER=moto|gofakes3|seaweedfs WORKDIR=/var/tmp/backup-bench
+#        ZEBU_BIN_DIR=target/release
 #
-# SERVER=moto (default) is the Python server the tests use; SERVER=gofakes3 is a Go S3
-# server kept in memory (`go install github.com/johannesboyne/gofakes3/cmd/gofakes3@v1.2.0`),
-# several times faster than moto, to see Zebu's own limits. Needs: zebu, zebu-engine,
+# SERVER=moto (default) is the Python server the tests use; gofakes3 (Go, in memory) and
+# seaweedfs (Go, on disk) are faster servers, built once by benches/s3-server.sh into
+# /var/cache/zebu-tools, to see Zebu's own limits. Needs: zebu, zebu-engine,
 # zebu-replica, zebu-backup-run in ZEBU_BIN_DIR (`cargo build --release --workspace --bins`),
 # nbdcopy, qemu-io, restic, curl, jq, python3 (and the moto venv of
 # backupstore/scripts/moto-venv.sh, also used for boto3). Disk: about (4 × REPLICAS + 3) ×
@@ -53,6 +53,7 @@ mib=$((1 << 20))
 
 rm -rf "$WORKDIR"
 mkdir -p "$WORKDIR"
+uptime_start=$(uptime)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -74,49 +75,50 @@ free_port() { python3 -c "import socket;s=socket.socket();s.bind(('127.0.0.1',0)
 export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
 port=$(free_port)
 case "$SERVER" in
-  moto)
-    moto_server=$(bash backupstore/scripts/moto-venv.sh)
-    "$moto_server" -H 127.0.0.1 -p "$port" >"$WORKDIR/s3.log" 2>&1 &
-    pids+=($!)
-    server_desc="moto $("$(dirname "$moto_server")/pip" show moto 2>/dev/null | sed -n 's/^Version: //p') (Python)"
-    ;;
-  gofakes3)
-    g="${GOFAKES3:-$(command -v gofakes3 || echo "$HOME/go/bin/gofakes3")}"
-    [ -x "$g" ] || { echo "backup-bench: gofakes3 is missing (go install github.com/johannesboyne/gofakes3/cmd/gofakes3@v1.2.0)" >&2; exit 2; }
-    bash backupstore/scripts/moto-venv.sh >/dev/null # boto3 for the ceiling
-    "$g" -backend memory -host "127.0.0.1:$port" >"$WORKDIR/s3.log" 2>&1 &
-    pids+=($!)
-    server_desc="gofakes3 v1.2.0 (Go, in memory)"
-    ;;
-  *) echo "backup-bench: SERVER is moto or gofakes3" >&2; exit 2 ;;
+  moto | gofakes3 | seaweedfs) ;;
+  *) echo "backup-bench: SERVER is moto, gofakes3 or seaweedfs" >&2; exit 2 ;;
 esac
+bash backupstore/scripts/moto-venv.sh >/dev/null # boto3 for the ceiling
+bash benches/s3-server.sh path "$SERVER" >/dev/null # builds it once, outside the run
+server_desc=$(bash benches/s3-server.sh describe "$SERVER")
+bash benches/s3-server.sh run "$SERVER" "$port" "$WORKDIR/s3" >"$WORKDIR/s3.log" 2>&1 &
+pids+=($!)
 for _ in $(seq 1 300); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.2; done
-curl -s -X PUT "http://127.0.0.1:$port/bench" >/dev/null
 export AWS_ENDPOINT_URL="http://127.0.0.1:$port"
-count_objects() { # prefix -> "objects bytes" (pages through the listing)
-  python3 - "$port" "$1" <<'PY'
-import sys, urllib.request, urllib.parse, re
-port, prefix = sys.argv[1], sys.argv[2]
-n = size = 0
-token = None
-while True:
-    url = f"http://127.0.0.1:{port}/bench?list-type=2&prefix={prefix}"
-    if token:
-        url += "&continuation-token=" + urllib.parse.quote(token)
-    body = urllib.request.urlopen(url).read().decode()
-    n += body.count("<Key>")
-    size += sum(int(s) for s in re.findall(r"<Size>(\d+)</Size>", body))
-    m = re.search(r"<NextContinuationToken>([^<]+)</NextContinuationToken>", body)
-    if "<IsTruncated>true</IsTruncated>" not in body or not m:
-        break
-    token = m.group(1)
-print(n, size)
+# Signed requests through boto3 (seaweedfs refuses anonymous ones).
+py="$(dirname "$(bash backupstore/scripts/moto-venv.sh)")/python3"
+s3py() { "$py" - "$@" <<'PY'
+import os, sys, time
+import boto3
+s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+cmd = sys.argv[1]
+if cmd == "mkbucket":
+    # (seaweedfs answers before its volume server has joined: retry until the bucket is there)
+    for _ in range(100):
+        try:
+            s3.create_bucket(Bucket="bench")
+        except Exception:
+            pass
+        try:
+            s3.list_objects_v2(Bucket="bench")
+            break
+        except Exception:
+            time.sleep(0.3)
+elif cmd == "count":
+    n = size = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix=sys.argv[2]):
+        for o in page.get("Contents", []):
+            n += 1
+            size += o["Size"]
+    print(n, size)
 PY
 }
+s3py mkbucket
+count_objects() { s3py count "$1"; } # prefix -> "objects bytes"
 
 # --- the server's ceiling (before anything else loads it)
-res=$(bash benches/s3-ceiling.sh "$AWS_ENDPOINT_URL" bench 8 4)
-read -r ceil_put ceil_get <<<"$res"
+res=$(S3_CEILING="$ZEBU_BIN_DIR/examples/s3_ceiling" bash benches/s3-ceiling.sh "$AWS_ENDPOINT_URL" bench 8 4)
+read -r ceil_put ceil_get rust_put rust_get <<<"$res"
 
 # --- peak RSS of the backup and restore processes: a sampler of VmHWM (the kernel's peak)
 rss_log="$WORKDIR/rss.log"
@@ -270,9 +272,14 @@ rm -rf "$WORKDIR/restic-out"
 gib() { python3 -c "import sys;print(f'{int(sys.argv[1])/(1<<30):.2f}')" "$1"; }
 m() { echo $(($1 / mib)); }
 objs_per_gib=$(python3 -c "print(f'{$objs_after/($stored_after/(1<<30)):.1f}')")
+# Where each job's time went: the `backup done` / `restore done` lines of the job processes.
+job_lines=$(grep -rhoE "(backup|restore) done.*|INFO.*(backup|restore) done.*" "$WORKDIR/cluster" 2>/dev/null | sed -E 's/\x1b\[[0-9;]*m//g' | grep -E "wait_" | sed 's/^/    /' || true)
 report=$(cat <<EOF
-backup-bench: $SIZE volume ($(m $data) MiB random data, the rest holes), $REPLICAS replicas, server $server_desc on 127.0.0.1, $(date -u +%FT%TZ), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), binaries $ZEBU_BIN_DIR
+backup-bench: $SIZE volume ($(m $data) MiB random data, the rest holes), $REPLICAS replicas, server $server_desc on 127.0.0.1, $(date -u +%FT%TZ), $(nproc) CPUs, binaries $ZEBU_BIN_DIR
+uptime at the start: $uptime_start
+uptime at the end:   $(uptime)
 server ceiling (boto3, 4 parallel requests of 64 MiB objects): PUT $ceil_put MiB/s, GET $ceil_get MiB/s
+server ceiling (object_store as the store uses it, 4 parallel, 8 MiB parts): PUT ${rust_put:-?} MiB/s, GET ${rust_get:-?} MiB/s
 changes for the incremental: $(m $region) MiB region at $(m $region_off) MiB + 2,000 random 4 KiB writes = $changed_chunks changed 1 MiB chunks ($(m $changed_bytes) MiB)
 rates of full rows are of the data bytes ($(m $data) MiB)
 
@@ -299,6 +306,9 @@ zebu store after both backups: $objs_after objects, $(m $stored_after) MiB ($obj
 | restore rate >= 0.7 x nbdcopy write (incremental) | $(rate "$data" "$t_rincr") / $(rate "$data" "$t_write") MiB/s = $(ratio "$t_write" "$t_rincr") | $(verdict "$t_write / $t_rincr >= 0.7") |
 | restores byte-identical | both compared whole with cmp | PASS |
 | each chunk downloaded once (full restore) | $(m $dl_rfull) MiB downloaded / $(m $up_full) MiB stored by the full backup | $(verdict "$dl_rfull <= 1.02 * $up_full + (1 << 20)") |
+
+the jobs' own accounts (wait_* in ms):
+$job_lines
 EOF
 )
 echo "$report"

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use object_store::path::Path;
-use object_store::{MultipartUpload, ObjectStoreExt};
+use object_store::{MultipartUpload, ObjectStoreExt, PutPayload};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
@@ -251,7 +251,10 @@ struct OpenPack {
     id: PackId,
     key: Path,
     upload: Option<Box<dyn MultipartUpload>>,
-    buf: Vec<u8>,
+    /// The next part: blobs' stored bytes as they are (a raw blob is the chunk the caller
+    /// handed over, shared, never copied), uploaded as one payload of several pieces.
+    buf: Vec<Bytes>,
+    buf_len: usize,
     /// Bytes already handed to part uploads.
     flushed: u64,
     entries: Vec<IndexEntry>,
@@ -295,7 +298,8 @@ impl PackSink {
                     id,
                     key,
                     upload: None,
-                    buf: header(),
+                    buf: vec![Bytes::from(header())],
+                    buf_len: HEADER_LEN as usize,
                     flushed: 0,
                     entries: Vec::new(),
                     parts: Vec::new(),
@@ -304,21 +308,22 @@ impl PackSink {
         };
         open.entries.push(IndexEntry {
             hash: blob.hash,
-            offset: open.flushed + open.buf.len() as u64,
+            offset: open.flushed + open.buf_len as u64,
             stored_len: blob.stored.len() as u32,
             raw_len: blob.raw_len,
             codec: blob.codec,
             kind: blob.kind,
         });
-        open.buf.extend_from_slice(&blob.stored);
+        open.buf.push(blob.stored.clone());
+        open.buf_len += blob.stored.len();
         self.stored_bytes += blob.stored.len() as u64;
-        if open.buf.len() >= self.limits.part_size {
+        if open.buf_len >= self.limits.part_size {
             self.flush_part().await?;
         }
         let size = self
             .open
             .as_ref()
-            .map_or(0, |p| p.flushed + p.buf.len() as u64);
+            .map_or(0, |p| p.flushed + p.buf_len as u64);
         if size >= self.limits.pack_size {
             self.close_pack().await?;
         }
@@ -338,11 +343,8 @@ impl PackSink {
                 .map_err(|e| self.target.classify("put", &open.key, e))?;
             open.upload = Some(up);
         }
-        let data = Bytes::from(std::mem::replace(
-            &mut open.buf,
-            Vec::with_capacity(self.limits.part_size + (2 << 20)),
-        ));
-        open.flushed += data.len() as u64;
+        let data: PutPayload = std::mem::take(&mut open.buf).into_iter().collect();
+        open.flushed += std::mem::take(&mut open.buf_len) as u64;
         let permit = self
             .permits
             .clone()
@@ -353,7 +355,7 @@ impl PackSink {
             .upload
             .as_mut()
             .expect("invariant: created above")
-            .put_part(data.into());
+            .put_part(data);
         let target = self.target.clone();
         let key = open.key.clone();
         open.parts.push(tokio::spawn(async move {
@@ -369,10 +371,11 @@ impl PackSink {
         let Some(mut open) = self.open.take() else {
             return Ok(());
         };
-        let index_offset = open.flushed + open.buf.len() as u64;
-        open.buf
-            .extend_from_slice(&encode_trailer(&open.entries, index_offset));
-        let size = open.flushed + open.buf.len() as u64;
+        let index_offset = open.flushed + open.buf_len as u64;
+        let trailer = Bytes::from(encode_trailer(&open.entries, index_offset));
+        open.buf_len += trailer.len();
+        open.buf.push(trailer);
+        let size = open.flushed + open.buf_len as u64;
         let permit = self
             .permits
             .clone()
@@ -385,13 +388,13 @@ impl PackSink {
             size,
             entries: std::mem::take(&mut open.entries),
         };
-        let data = Bytes::from(std::mem::take(&mut open.buf));
+        let data: PutPayload = std::mem::take(&mut open.buf).into_iter().collect();
         self.closing.push(tokio::spawn(async move {
             let key = open.key.clone();
             let r = match open.upload.take() {
                 None => target.put(&key, data).await,
                 Some(mut up) => {
-                    let last = up.put_part(data.into());
+                    let last = up.put_part(data);
                     let mut result = last.await.map_err(|e| target.classify("put part", &key, e));
                     for p in open.parts.drain(..) {
                         let r = p.await.map_err(BackupError::from).and_then(|r| r);

@@ -96,6 +96,7 @@ impl Reporter {
     pub fn finish(&self, outcome: Result<(), &JobFailure>) -> std::io::Result<()> {
         let mut g = self.inner.lock().expect("invariant: report lock");
         g.0.elapsed_secs = self.start.elapsed().as_secs_f64();
+        g.0.peak_rss_bytes = peak_rss_bytes();
         match outcome {
             Ok(()) => {
                 g.0.state = JobState::Done;
@@ -108,5 +109,28 @@ impl Reporter {
             }
         }
         write_json_atomic(&self.path, &g.0)
+    }
+}
+
+/// This process's peak resident memory (`VmHWM`), if the kernel says (Linux).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_peak_rss_of_this_process_is_read() {
+        let peak = super::peak_rss_bytes().expect("VmHWM on Linux");
+        assert!(peak > 1 << 20 && peak < 64 << 30, "{peak}");
     }
 }

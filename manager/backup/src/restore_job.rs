@@ -324,7 +324,8 @@ pub async fn run(spec: &JobSpec, job: &RestoreJob, rep: &Reporter) -> Result<(),
         r.replicas = members.clone();
     });
     tracing::info!(volume = %job.volume, backup = %job.backup, incremental = base.is_some(), chunks = st.chunks,
-        downloaded = st.downloaded, reads = st.reads, replicas = members.len(), epoch,
+        downloaded = st.downloaded, reads = st.reads, skipped = st.skipped, peak_held = st.peak_held,
+        peak_rss = crate::report::peak_rss_bytes().unwrap_or(0), replicas = members.len(), epoch,
         wait_store_ms = wait_store.as_millis() as u64, wait_replicas_ms = wait_replicas.as_millis() as u64,
         wait_finish_ms = wait_finish.as_millis() as u64, "restore done");
     Ok(())
