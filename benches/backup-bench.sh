@@ -65,6 +65,9 @@ cleanup() {
 trap cleanup EXIT
 
 now() { date +%s.%N; }
+# The whole machine's CPU: "busy idle" jiffies so far, and the busy share between two of those.
+cpu_snap() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat; }
+busy_pct() { python3 -c "import sys;a=sys.argv[1].split();b=sys.argv[2].split();db=int(b[0])-int(a[0]);di=int(b[1])-int(a[1]);print(f'{100*db/max(1,db+di):.0f}')" "$1" "$2"; }
 since() { python3 -c "import sys;print(f'{float(sys.argv[2])-float(sys.argv[1]):.2f}')" "$1" "$(now)"; }
 rate() { python3 -c "import sys;print(f'{int(sys.argv[1])/float(sys.argv[2])/1048576:.1f}')" "$1" "$2"; }
 ratio() { python3 -c "import sys;print(f'{float(sys.argv[1])/float(sys.argv[2]):.3f}')" "$1" "$2"; }
@@ -179,19 +182,21 @@ nbdcopy "$img" "$ep"
 sync
 
 # --- reference: nbdcopy of the volume to null (the read side of the data path)
-t0=$(now); nbdcopy "$ep" null:; t_read=$(since "$t0")
+c0=$(cpu_snap); t0=$(now); nbdcopy "$ep" null:; t_read=$(since "$t0"); busy_read=$(busy_pct "$c0" "$(cpu_snap)")
 
 # --- backups
-backup() { # name -> "time read uploaded objects rss"
-  local t0 t b
+backup() { # name -> "time read uploaded objects rss busy%"
+  local t0 t b c0
   t0=$(now)
+  c0=$(cpu_snap)
   "$zebu" backup create src --name "$1" --wait >"$WORKDIR/backup-$1.out" 2>&1
   t=$(since "$t0")
+  local busy; busy=$(busy_pct "$c0" "$(cpu_snap)")
   b=$("$zebu" backup get "$1" -o json)
-  echo "$t $(jq -r .status.read <<<"$b") $(jq -r .status.uploaded <<<"$b") $(jq -r '.status.objects // 0' <<<"$b") $(peak_rss "$t0" "$(now)")"
+  echo "$t $(jq -r .status.read <<<"$b") $(jq -r .status.uploaded <<<"$b") $(jq -r '.status.objects // 0' <<<"$b") $(peak_rss "$t0" "$(now)") $busy"
 }
 res=$(backup full)
-read -r t_full read_full up_full objs_full rss_full <<<"$res"
+read -r t_full read_full up_full objs_full rss_full busy_full <<<"$res"
 read -r objs_after_full stored_after_full < <(count_objects zebu/)
 
 # --- the changes: 256 MiB rewritten in one region (inside the data), 2,000 random 4 KiB
@@ -228,34 +233,36 @@ while IFS= read -r line; do qemu_args+=(-c "$line"); done <"$WORKDIR/qemu-io.cmd
 qemu-io -f raw "${qemu_args[@]}" "$ep" >"$WORKDIR/qemu-io.out" 2>&1 || { echo "backup-bench: qemu-io failed:" >&2; tail -5 "$WORKDIR/qemu-io.out" >&2; exit 1; }
 rm -f "$WORKDIR/region.bin"
 res=$(backup incr)
-read -r t_incr read_incr up_incr objs_incr rss_incr <<<"$res"
+read -r t_incr read_incr up_incr objs_incr rss_incr busy_incr <<<"$res"
 read -r objs_after stored_after < <(count_objects zebu/)
 "$zebu" volume detach src >/dev/null
 
 # --- restores into new volumes, each compared whole with the volume at its snapshot
-restore() { # backup image -> "time downloaded rss"
-  local t0 t dl v=dst-$1
+restore() { # backup image -> "time downloaded rss busy%"
+  local t0 t dl v=dst-$1 c0
   t0=$(now)
+  c0=$(cpu_snap)
   "$zebu" volume create "$v" --from-backup "$1" --replicas "$REPLICAS" --frontend nbd >/dev/null
   wait_restored "$v"
   t=$(since "$t0")
+  local busy; busy=$(busy_pct "$c0" "$(cpu_snap)")
   dl=$("$zebu" volume get "$v" -o json | jq -r '.status.restore.downloaded // 0')
   local rss; rss=$(peak_rss "$t0" "$(now)")
   local dep; dep=$("$zebu" volume attach "$v")
   nbdcopy "$dep" - | cmp - "$2" >&2 || { echo "backup-bench: restore of $1 differs from its source" >&2; exit 1; }
   "$zebu" volume detach "$v" >/dev/null
   "$zebu" volume delete "$v" >/dev/null 2>&1 || true
-  echo "$t $dl $rss"
+  echo "$t $dl $rss $busy"
 }
 res=$(restore full "$img")
-read -r t_rfull dl_rfull rss_rfull <<<"$res"
+read -r t_rfull dl_rfull rss_rfull busy_rfull <<<"$res"
 res=$(restore incr "$img2")
-read -r t_rincr dl_rincr rss_rincr <<<"$res"
+read -r t_rincr dl_rincr rss_rincr busy_rincr <<<"$res"
 
 # --- reference: nbdcopy of the image into a new volume (the write side of the data path)
 make_volume ref
 rep=$("$zebu" volume attach ref)
-t0=$(now); nbdcopy "$img" "$rep"; t_write=$(since "$t0")
+c0=$(cpu_snap); t0=$(now); nbdcopy "$img" "$rep"; t_write=$(since "$t0"); busy_write=$(busy_pct "$c0" "$(cpu_snap)")
 "$zebu" volume detach ref >/dev/null
 "$zebu" volume delete ref >/dev/null 2>&1 || true
 
@@ -283,16 +290,16 @@ server ceiling (object_store as the store uses it, 4 parallel, 8 MiB parts): PUT
 changes for the incremental: $(m $region) MiB region at $(m $region_off) MiB + 2,000 random 4 KiB writes = $changed_chunks changed 1 MiB chunks ($(m $changed_bytes) MiB)
 rates of full rows are of the data bytes ($(m $data) MiB)
 
-| row | time s | MiB/s | read MiB | uploaded / downloaded MiB | objects | peak RSS MiB |
-|---|---:|---:|---:|---:|---:|---:|
-| zebu full backup | $t_full | $(rate "$data" "$t_full") | $(m $read_full) | $(m $up_full) | $objs_full | $rss_full |
-| zebu incremental backup | $t_incr | $(rate "$changed_bytes" "$t_incr") (of changed chunks) | $(m $read_incr) | $(m $up_incr) | $objs_incr | $rss_incr |
-| zebu restore of full (new $REPLICAS-replica volume, byte-identical) | $t_rfull | $(rate "$data" "$t_rfull") | | $(m $dl_rfull) | | $rss_rfull |
-| zebu restore of incremental (new volume, byte-identical) | $t_rincr | $(rate "$data" "$t_rincr") | | $(m $dl_rincr) | | $rss_rincr |
-| nbdcopy volume -> null: | $t_read | $(rate "$data" "$t_read") | | | | |
-| nbdcopy image -> new $REPLICAS-replica volume | $t_write | $(rate "$data" "$t_write") | | | | |
-| restic backup of the image | $t_restic_b | $(rate "$data" "$t_restic_b") | | $(m $restic_stored) stored | $restic_objects | |
-| restic restore (to a file) | $t_restic_r | $(rate "$data" "$t_restic_r") | | | | |
+| row | time s | MiB/s | read MiB | uploaded / downloaded MiB | objects | peak RSS MiB | machine CPU busy % |
+|---|---:|---:|---:|---:|---:|---:|---:|
+| zebu full backup | $t_full | $(rate "$data" "$t_full") | $(m $read_full) | $(m $up_full) | $objs_full | $rss_full | $busy_full |
+| zebu incremental backup | $t_incr | $(rate "$changed_bytes" "$t_incr") (of changed chunks) | $(m $read_incr) | $(m $up_incr) | $objs_incr | $rss_incr | $busy_incr |
+| zebu restore of full (new $REPLICAS-replica volume, byte-identical) | $t_rfull | $(rate "$data" "$t_rfull") | | $(m $dl_rfull) | | $rss_rfull | $busy_rfull |
+| zebu restore of incremental (new volume, byte-identical) | $t_rincr | $(rate "$data" "$t_rincr") | | $(m $dl_rincr) | | $rss_rincr | $busy_rincr |
+| nbdcopy volume -> null: | $t_read | $(rate "$data" "$t_read") | | | | | $busy_read |
+| nbdcopy image -> new $REPLICAS-replica volume | $t_write | $(rate "$data" "$t_write") | | | | | $busy_write |
+| restic backup of the image | $t_restic_b | $(rate "$data" "$t_restic_b") | | $(m $restic_stored) stored | $restic_objects | | |
+| restic restore (to a file) | $t_restic_r | $(rate "$data" "$t_restic_r") | | | | | |
 
 zebu store after both backups: $objs_after objects, $(m $stored_after) MiB ($objs_after_full objects, $(m $stored_after_full) MiB after the full one)
 

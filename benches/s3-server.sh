@@ -112,7 +112,7 @@ case "${1:-}" in
           -master.port="$m" -master.port.grpc="$mg" -master.volumeSizeLimitMB=1024 \
           -volume.port="$v" -volume.port.grpc="$vg" -volume.max=0 \
           -filer.port="$f" -filer.port.grpc="$fg" \
-          -s3 -s3.port="$port" -s3.port.grpc="$sg" -telemetry=false
+          -s3 -s3.port="$port" -s3.port.grpc="$sg" -master.telemetry=false
         ;;
       *) path "$kind" ;;
     esac

@@ -210,7 +210,7 @@ pub async fn run(spec: &JobSpec, job: &BackupJob, rep: &Reporter) -> Result<(), 
         r.objects = m.stats.packs + 1;
     });
     tracing::info!(backup = %name, bytes_read = reader.bytes_read(), uploaded = m.stats.new_stored_bytes,
-        packs = m.stats.packs, failovers = reader.failovers(), peak_rss = crate::report::peak_rss_bytes().unwrap_or(0), wait_reads_ms = wait_reads.as_millis() as u64,
+        packs = m.stats.packs, failovers = reader.failovers(), peak_rss = crate::report::peak_rss_bytes().unwrap_or(0), cpu_ms = crate::report::cpu_ms().unwrap_or(0), wait_reads_ms = wait_reads.as_millis() as u64,
         wait_writer_ms = wait_writer.as_millis() as u64, wait_commit_ms = wait_commit.as_millis() as u64, "backup done");
     Ok(())
 }

@@ -126,11 +126,30 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// CPU time this process has used so far (user + system, ms), if the kernel says (Linux;
+/// clock ticks of 10 ms, as `/proc/self/stat` counts them).
+pub fn cpu_ms() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) end with ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks * 10)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_peak_rss_of_this_process_is_read() {
+    fn the_peak_rss_and_cpu_time_of_this_process_are_read() {
         let peak = super::peak_rss_bytes().expect("VmHWM on Linux");
         assert!(peak > 1 << 20 && peak < 64 << 30, "{peak}");
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < std::time::Duration::from_millis(100) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        let cpu = super::cpu_ms().expect("/proc/self/stat on Linux");
+        assert!(cpu >= 50, "100 ms of spinning counted {cpu} ms ({x})");
     }
 }
