@@ -38,7 +38,7 @@ struct Args {
     #[arg(long, default_value_t = 8)]
     part_mib: usize,
     /// Uploads in flight.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 6)]
     uploads: usize,
     /// Restore reads in flight.
     #[arg(long, default_value_t = 4)]
