@@ -25,8 +25,10 @@
 # /var/cache/zebu-tools, to see Zebu's own limits. Needs: zebu, zebu-engine,
 # zebu-replica, zebu-backup-run in ZEBU_BIN_DIR (`cargo build --release --workspace --bins`),
 # nbdcopy, qemu-io, restic, curl, jq, python3 (and the moto venv of
-# backupstore/scripts/moto-venv.sh, also used for boto3). Disk: about (4 × REPLICAS + 3) ×
-# the data size under WORKDIR; the server keeps objects in memory (about 2.5 × the data).
+# backupstore/scripts/moto-venv.sh, also used for boto3). Disk: at most about
+# (1.5 × REPLICAS + 2) × the data size under WORKDIR at once (the source volume is deleted
+# after its backups, each restored volume after its comparison); the server keeps objects in
+# memory (about 2.5 × the data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -124,27 +126,38 @@ res=$(S3_CEILING="$ZEBU_BIN_DIR/examples/s3_ceiling" bash benches/s3-ceiling.sh 
 read -r ceil_put ceil_get rust_put rust_get <<<"$res"
 
 # --- peak RSS of the backup and restore processes: a sampler of VmHWM (the kernel's peak)
+# (and of the restored volumes' replica processes, which start with their volume: their
+# VmHWM is what receiving and writing the restore cost them)
 rss_log="$WORKDIR/rss.log"
+replica_rss_log="$WORKDIR/replica-rss.log"
+hwm() { sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$1/status" 2>/dev/null || true; }
 (
   while :; do
     t=$(date +%s.%N)
     for p in $(pgrep -x zebu-backup-run || true); do
-      h=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$p/status" 2>/dev/null || true)
+      h=$(hwm "$p")
       [ -n "$h" ] && echo "$t $p $h"
+    done
+    for p in $(pgrep -f "$WORKDIR/cluster/.*/replicas/dst-" || true); do
+      h=$(hwm "$p")
+      [ -n "$h" ] && echo "$t $p $h" >>"$replica_rss_log"
     done
     sleep 0.25
   done >"$rss_log"
 ) &
 pids+=($!)
-peak_rss() { # t0 t1 -> MiB (the largest VmHWM seen between them)
-  python3 - "$rss_log" "$1" "$2" <<'PY'
+peak_rss() { # t0 t1 [log] -> MiB (the largest VmHWM seen between them)
+  python3 - "${3:-$rss_log}" "$1" "$2" <<'PY'
 import sys
 log, t0, t1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 peak = 0
-for line in open(log):
-    p = line.split()
-    if len(p) == 3 and t0 <= float(p[0]) <= t1:
-        peak = max(peak, int(p[2]))
+try:
+    for line in open(log):
+        p = line.split()
+        if len(p) == 3 and t0 <= float(p[0]) <= t1:
+            peak = max(peak, int(p[2]))
+except FileNotFoundError:
+    pass
 print(f"{peak / 1024:.0f}")
 PY
 }
@@ -236,9 +249,12 @@ res=$(backup incr)
 read -r t_incr read_incr up_incr objs_incr rss_incr busy_incr <<<"$res"
 read -r objs_after stored_after < <(count_objects zebu/)
 "$zebu" volume detach src >/dev/null
+# The restores compare with the images: the source volume's replicas (about 3 x its data
+# on disk) go now, which keeps the run's peak disk use near 15 GB for a 4 GiB volume.
+"$zebu" volume delete src >/dev/null 2>&1 || true
 
 # --- restores into new volumes, each compared whole with the volume at its snapshot
-restore() { # backup image -> "time downloaded rss busy%"
+restore() { # backup image -> "time downloaded rss busy% replica-rss"
   local t0 t dl v=dst-$1 c0
   t0=$(now)
   c0=$(cpu_snap)
@@ -248,16 +264,17 @@ restore() { # backup image -> "time downloaded rss busy%"
   local busy; busy=$(busy_pct "$c0" "$(cpu_snap)")
   dl=$("$zebu" volume get "$v" -o json | jq -r '.status.restore.downloaded // 0')
   local rss; rss=$(peak_rss "$t0" "$(now)")
+  local rrss; rrss=$(peak_rss "$t0" "$(now)" "$replica_rss_log")
   local dep; dep=$("$zebu" volume attach "$v")
   nbdcopy "$dep" - | cmp - "$2" >&2 || { echo "backup-bench: restore of $1 differs from its source" >&2; exit 1; }
   "$zebu" volume detach "$v" >/dev/null
   "$zebu" volume delete "$v" >/dev/null 2>&1 || true
-  echo "$t $dl $rss $busy"
+  echo "$t $dl $rss $busy $rrss"
 }
 res=$(restore full "$img")
-read -r t_rfull dl_rfull rss_rfull busy_rfull <<<"$res"
+read -r t_rfull dl_rfull rss_rfull busy_rfull rrss_rfull <<<"$res"
 res=$(restore incr "$img2")
-read -r t_rincr dl_rincr rss_rincr busy_rincr <<<"$res"
+read -r t_rincr dl_rincr rss_rincr busy_rincr rrss_rincr <<<"$res"
 
 # --- reference: nbdcopy of the image into a new volume (the write side of the data path)
 make_volume ref
@@ -294,8 +311,8 @@ rates of full rows are of the data bytes ($(m $data) MiB)
 |---|---:|---:|---:|---:|---:|---:|---:|
 | zebu full backup | $t_full | $(rate "$data" "$t_full") | $(m $read_full) | $(m $up_full) | $objs_full | $rss_full | $busy_full |
 | zebu incremental backup | $t_incr | $(rate "$changed_bytes" "$t_incr") (of changed chunks) | $(m $read_incr) | $(m $up_incr) | $objs_incr | $rss_incr | $busy_incr |
-| zebu restore of full (new $REPLICAS-replica volume, byte-identical) | $t_rfull | $(rate "$data" "$t_rfull") | | $(m $dl_rfull) | | $rss_rfull | $busy_rfull |
-| zebu restore of incremental (new volume, byte-identical) | $t_rincr | $(rate "$data" "$t_rincr") | | $(m $dl_rincr) | | $rss_rincr | $busy_rincr |
+| zebu restore of full (new $REPLICAS-replica volume, byte-identical) | $t_rfull | $(rate "$data" "$t_rfull") | | $(m $dl_rfull) | | $rss_rfull (replicas: $rrss_rfull) | $busy_rfull |
+| zebu restore of incremental (new volume, byte-identical) | $t_rincr | $(rate "$data" "$t_rincr") | | $(m $dl_rincr) | | $rss_rincr (replicas: $rrss_rincr) | $busy_rincr |
 | nbdcopy volume -> null: | $t_read | $(rate "$data" "$t_read") | | | | | $busy_read |
 | nbdcopy image -> new $REPLICAS-replica volume | $t_write | $(rate "$data" "$t_write") | | | | | $busy_write |
 | restic backup of the image | $t_restic_b | $(rate "$data" "$t_restic_b") | | $(m $restic_stored) stored | $restic_objects | | |
