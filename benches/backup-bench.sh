@@ -17,16 +17,18 @@
 # RSS. The goals of the issue are checked and printed PASS or FAIL.
 #
 #   benches/backup-bench.sh [OUT.txt]
-#   env: SIZE=4G REPLICAS=3 SERVER=moto|gofakes3 WORKDIR=/var/tmp/backup-bench
-#        ZEBU_BIN_DIR=target/release GOFAKES3=path/to/gofakes3
+#   env: SIZE=4G REPLICAS=3 SERVER=moto|gofakes3|seaweedfs WORKDIR=/var/tmp/backup-bench
+#        ZEBU_BIN_DIR=target/release
 #
-# SERVER=moto (default) is the Python server the tests use; SERVER=gofakes3 is a Go S3
-# server kept in memory (`go install github.com/johannesboyne/gofakes3/cmd/gofakes3@v1.2.0`),
-# several times faster than moto, to see Zebu's own limits. Needs: zebu, zebu-engine,
+# SERVER=moto (default) is the Python server the tests use; gofakes3 (Go, in memory) and
+# seaweedfs (Go, on disk) are faster servers, built once by benches/s3-server.sh into
+# /var/cache/zebu-tools, to see Zebu's own limits. Needs: zebu, zebu-engine,
 # zebu-replica, zebu-backup-run in ZEBU_BIN_DIR (`cargo build --release --workspace --bins`),
 # nbdcopy, qemu-io, restic, curl, jq, python3 (and the moto venv of
-# backupstore/scripts/moto-venv.sh, also used for boto3). Disk: about (4 × REPLICAS + 3) ×
-# the data size under WORKDIR; the server keeps objects in memory (about 2.5 × the data).
+# backupstore/scripts/moto-venv.sh, also used for boto3). Disk: at most about
+# (1.5 × REPLICAS + 2) × the data size under WORKDIR at once (the source volume is deleted
+# after its backups, each restored volume after its comparison); the server keeps objects in
+# memory (about 2.5 × the data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -53,6 +55,7 @@ mib=$((1 << 20))
 
 rm -rf "$WORKDIR"
 mkdir -p "$WORKDIR"
+uptime_start=$(uptime)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -64,6 +67,9 @@ cleanup() {
 trap cleanup EXIT
 
 now() { date +%s.%N; }
+# The whole machine's CPU: "busy idle" jiffies so far, and the busy share between two of those.
+cpu_snap() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat; }
+busy_pct() { python3 -c "import sys;a=sys.argv[1].split();b=sys.argv[2].split();db=int(b[0])-int(a[0]);di=int(b[1])-int(a[1]);print(f'{100*db/max(1,db+di):.0f}')" "$1" "$2"; }
 since() { python3 -c "import sys;print(f'{float(sys.argv[2])-float(sys.argv[1]):.2f}')" "$1" "$(now)"; }
 rate() { python3 -c "import sys;print(f'{int(sys.argv[1])/float(sys.argv[2])/1048576:.1f}')" "$1" "$2"; }
 ratio() { python3 -c "import sys;print(f'{float(sys.argv[1])/float(sys.argv[2]):.3f}')" "$1" "$2"; }
@@ -74,72 +80,84 @@ free_port() { python3 -c "import socket;s=socket.socket();s.bind(('127.0.0.1',0)
 export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
 port=$(free_port)
 case "$SERVER" in
-  moto)
-    moto_server=$(bash backupstore/scripts/moto-venv.sh)
-    "$moto_server" -H 127.0.0.1 -p "$port" >"$WORKDIR/s3.log" 2>&1 &
-    pids+=($!)
-    server_desc="moto $("$(dirname "$moto_server")/pip" show moto 2>/dev/null | sed -n 's/^Version: //p') (Python)"
-    ;;
-  gofakes3)
-    g="${GOFAKES3:-$(command -v gofakes3 || echo "$HOME/go/bin/gofakes3")}"
-    [ -x "$g" ] || { echo "backup-bench: gofakes3 is missing (go install github.com/johannesboyne/gofakes3/cmd/gofakes3@v1.2.0)" >&2; exit 2; }
-    bash backupstore/scripts/moto-venv.sh >/dev/null # boto3 for the ceiling
-    "$g" -backend memory -host "127.0.0.1:$port" >"$WORKDIR/s3.log" 2>&1 &
-    pids+=($!)
-    server_desc="gofakes3 v1.2.0 (Go, in memory)"
-    ;;
-  *) echo "backup-bench: SERVER is moto or gofakes3" >&2; exit 2 ;;
+  moto | gofakes3 | seaweedfs) ;;
+  *) echo "backup-bench: SERVER is moto, gofakes3 or seaweedfs" >&2; exit 2 ;;
 esac
+bash backupstore/scripts/moto-venv.sh >/dev/null # boto3 for the ceiling
+bash benches/s3-server.sh path "$SERVER" >/dev/null # builds it once, outside the run
+server_desc=$(bash benches/s3-server.sh describe "$SERVER")
+bash benches/s3-server.sh run "$SERVER" "$port" "$WORKDIR/s3" >"$WORKDIR/s3.log" 2>&1 &
+pids+=($!)
 for _ in $(seq 1 300); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.2; done
-curl -s -X PUT "http://127.0.0.1:$port/bench" >/dev/null
 export AWS_ENDPOINT_URL="http://127.0.0.1:$port"
-count_objects() { # prefix -> "objects bytes" (pages through the listing)
-  python3 - "$port" "$1" <<'PY'
-import sys, urllib.request, urllib.parse, re
-port, prefix = sys.argv[1], sys.argv[2]
-n = size = 0
-token = None
-while True:
-    url = f"http://127.0.0.1:{port}/bench?list-type=2&prefix={prefix}"
-    if token:
-        url += "&continuation-token=" + urllib.parse.quote(token)
-    body = urllib.request.urlopen(url).read().decode()
-    n += body.count("<Key>")
-    size += sum(int(s) for s in re.findall(r"<Size>(\d+)</Size>", body))
-    m = re.search(r"<NextContinuationToken>([^<]+)</NextContinuationToken>", body)
-    if "<IsTruncated>true</IsTruncated>" not in body or not m:
-        break
-    token = m.group(1)
-print(n, size)
+# Signed requests through boto3 (seaweedfs refuses anonymous ones).
+py="$(dirname "$(bash backupstore/scripts/moto-venv.sh)")/python3"
+s3py() { "$py" - "$@" <<'PY'
+import os, sys, time
+import boto3
+s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+cmd = sys.argv[1]
+if cmd == "mkbucket":
+    # (seaweedfs answers before its volume server has joined: retry until the bucket is there)
+    for _ in range(100):
+        try:
+            s3.create_bucket(Bucket="bench")
+        except Exception:
+            pass
+        try:
+            s3.list_objects_v2(Bucket="bench")
+            break
+        except Exception:
+            time.sleep(0.3)
+elif cmd == "count":
+    n = size = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix=sys.argv[2]):
+        for o in page.get("Contents", []):
+            n += 1
+            size += o["Size"]
+    print(n, size)
 PY
 }
+s3py mkbucket
+count_objects() { s3py count "$1"; } # prefix -> "objects bytes"
 
 # --- the server's ceiling (before anything else loads it)
-res=$(bash benches/s3-ceiling.sh "$AWS_ENDPOINT_URL" bench 8 4)
-read -r ceil_put ceil_get <<<"$res"
+res=$(S3_CEILING="$ZEBU_BIN_DIR/examples/s3_ceiling" bash benches/s3-ceiling.sh "$AWS_ENDPOINT_URL" bench 8 4)
+read -r ceil_put ceil_get rust_put rust_get <<<"$res"
 
 # --- peak RSS of the backup and restore processes: a sampler of VmHWM (the kernel's peak)
+# (and of the restored volumes' replica processes, which start with their volume: their
+# VmHWM is what receiving and writing the restore cost them)
 rss_log="$WORKDIR/rss.log"
+replica_rss_log="$WORKDIR/replica-rss.log"
+hwm() { sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$1/status" 2>/dev/null || true; }
 (
   while :; do
     t=$(date +%s.%N)
     for p in $(pgrep -x zebu-backup-run || true); do
-      h=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$p/status" 2>/dev/null || true)
+      h=$(hwm "$p")
       [ -n "$h" ] && echo "$t $p $h"
+    done
+    for p in $(pgrep -f "$WORKDIR/cluster/.*/replicas/dst-" || true); do
+      h=$(hwm "$p")
+      [ -n "$h" ] && echo "$t $p $h" >>"$replica_rss_log"
     done
     sleep 0.25
   done >"$rss_log"
 ) &
 pids+=($!)
-peak_rss() { # t0 t1 -> MiB (the largest VmHWM seen between them)
-  python3 - "$rss_log" "$1" "$2" <<'PY'
+peak_rss() { # t0 t1 [log] -> MiB (the largest VmHWM seen between them)
+  python3 - "${3:-$rss_log}" "$1" "$2" <<'PY'
 import sys
 log, t0, t1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 peak = 0
-for line in open(log):
-    p = line.split()
-    if len(p) == 3 and t0 <= float(p[0]) <= t1:
-        peak = max(peak, int(p[2]))
+try:
+    for line in open(log):
+        p = line.split()
+        if len(p) == 3 and t0 <= float(p[0]) <= t1:
+            peak = max(peak, int(p[2]))
+except FileNotFoundError:
+    pass
 print(f"{peak / 1024:.0f}")
 PY
 }
@@ -155,11 +173,11 @@ for _ in $(seq 1 300); do "$zebu" node ls >/dev/null 2>&1 && break; sleep 0.2; d
 "$zebu" backup target set "s3://bench@us-east-1/zebu" >/dev/null
 make_volume() { "$zebu" volume create "$1" --size "$SIZE" --replicas "$REPLICAS" --frontend nbd >/dev/null; }
 wait_restored() {
-  for _ in $(seq 1 36000); do
+  for _ in $(seq 1 14400); do
     s=$("$zebu" volume get "$1" -o json | jq -r '.status.restore.state // ""')
     [ "$s" = completed ] && return 0
     [ "$s" = error ] && { "$zebu" volume get "$1" -o json | jq .status.restore >&2; exit 1; }
-    sleep 0.1
+    sleep 0.25 # (each poll is a zebu and a jq process: 0.1 s cost ~7 % of the CPU)
   done
   exit 1
 }
@@ -177,19 +195,21 @@ nbdcopy "$img" "$ep"
 sync
 
 # --- reference: nbdcopy of the volume to null (the read side of the data path)
-t0=$(now); nbdcopy "$ep" null:; t_read=$(since "$t0")
+c0=$(cpu_snap); t0=$(now); nbdcopy "$ep" null:; t_read=$(since "$t0"); busy_read=$(busy_pct "$c0" "$(cpu_snap)")
 
 # --- backups
-backup() { # name -> "time read uploaded objects rss"
-  local t0 t b
+backup() { # name -> "time read uploaded objects rss busy%"
+  local t0 t b c0
   t0=$(now)
+  c0=$(cpu_snap)
   "$zebu" backup create src --name "$1" --wait >"$WORKDIR/backup-$1.out" 2>&1
   t=$(since "$t0")
+  local busy; busy=$(busy_pct "$c0" "$(cpu_snap)")
   b=$("$zebu" backup get "$1" -o json)
-  echo "$t $(jq -r .status.read <<<"$b") $(jq -r .status.uploaded <<<"$b") $(jq -r '.status.objects // 0' <<<"$b") $(peak_rss "$t0" "$(now)")"
+  echo "$t $(jq -r .status.read <<<"$b") $(jq -r .status.uploaded <<<"$b") $(jq -r '.status.objects // 0' <<<"$b") $(peak_rss "$t0" "$(now)") $busy"
 }
 res=$(backup full)
-read -r t_full read_full up_full objs_full rss_full <<<"$res"
+read -r t_full read_full up_full objs_full rss_full busy_full <<<"$res"
 read -r objs_after_full stored_after_full < <(count_objects zebu/)
 
 # --- the changes: 256 MiB rewritten in one region (inside the data), 2,000 random 4 KiB
@@ -226,34 +246,40 @@ while IFS= read -r line; do qemu_args+=(-c "$line"); done <"$WORKDIR/qemu-io.cmd
 qemu-io -f raw "${qemu_args[@]}" "$ep" >"$WORKDIR/qemu-io.out" 2>&1 || { echo "backup-bench: qemu-io failed:" >&2; tail -5 "$WORKDIR/qemu-io.out" >&2; exit 1; }
 rm -f "$WORKDIR/region.bin"
 res=$(backup incr)
-read -r t_incr read_incr up_incr objs_incr rss_incr <<<"$res"
+read -r t_incr read_incr up_incr objs_incr rss_incr busy_incr <<<"$res"
 read -r objs_after stored_after < <(count_objects zebu/)
 "$zebu" volume detach src >/dev/null
+# The restores compare with the images: the source volume's replicas (about 3 x its data
+# on disk) go now, which keeps the run's peak disk use near 15 GB for a 4 GiB volume.
+"$zebu" volume delete src >/dev/null 2>&1 || true
 
 # --- restores into new volumes, each compared whole with the volume at its snapshot
-restore() { # backup image -> "time downloaded rss"
-  local t0 t dl v=dst-$1
+restore() { # backup image -> "time downloaded rss busy% replica-rss"
+  local t0 t dl v=dst-$1 c0
   t0=$(now)
+  c0=$(cpu_snap)
   "$zebu" volume create "$v" --from-backup "$1" --replicas "$REPLICAS" --frontend nbd >/dev/null
   wait_restored "$v"
   t=$(since "$t0")
+  local busy; busy=$(busy_pct "$c0" "$(cpu_snap)")
   dl=$("$zebu" volume get "$v" -o json | jq -r '.status.restore.downloaded // 0')
   local rss; rss=$(peak_rss "$t0" "$(now)")
+  local rrss; rrss=$(peak_rss "$t0" "$(now)" "$replica_rss_log")
   local dep; dep=$("$zebu" volume attach "$v")
   nbdcopy "$dep" - | cmp - "$2" >&2 || { echo "backup-bench: restore of $1 differs from its source" >&2; exit 1; }
   "$zebu" volume detach "$v" >/dev/null
   "$zebu" volume delete "$v" >/dev/null 2>&1 || true
-  echo "$t $dl $rss"
+  echo "$t $dl $rss $busy $rrss"
 }
 res=$(restore full "$img")
-read -r t_rfull dl_rfull rss_rfull <<<"$res"
+read -r t_rfull dl_rfull rss_rfull busy_rfull rrss_rfull <<<"$res"
 res=$(restore incr "$img2")
-read -r t_rincr dl_rincr rss_rincr <<<"$res"
+read -r t_rincr dl_rincr rss_rincr busy_rincr rrss_rincr <<<"$res"
 
 # --- reference: nbdcopy of the image into a new volume (the write side of the data path)
 make_volume ref
 rep=$("$zebu" volume attach ref)
-t0=$(now); nbdcopy "$img" "$rep"; t_write=$(since "$t0")
+c0=$(cpu_snap); t0=$(now); nbdcopy "$img" "$rep"; t_write=$(since "$t0"); busy_write=$(busy_pct "$c0" "$(cpu_snap)")
 "$zebu" volume detach ref >/dev/null
 "$zebu" volume delete ref >/dev/null 2>&1 || true
 
@@ -270,22 +296,27 @@ rm -rf "$WORKDIR/restic-out"
 gib() { python3 -c "import sys;print(f'{int(sys.argv[1])/(1<<30):.2f}')" "$1"; }
 m() { echo $(($1 / mib)); }
 objs_per_gib=$(python3 -c "print(f'{$objs_after/($stored_after/(1<<30)):.1f}')")
+# Where each job's time went: the `backup done` / `restore done` lines of the job processes.
+job_lines=$(grep -rhoE "(backup|restore) done.*|INFO.*(backup|restore) done.*" "$WORKDIR/cluster" 2>/dev/null | sed -E 's/\x1b\[[0-9;]*m//g' | grep -E "wait_" | sed 's/^/    /' || true)
 report=$(cat <<EOF
-backup-bench: $SIZE volume ($(m $data) MiB random data, the rest holes), $REPLICAS replicas, server $server_desc on 127.0.0.1, $(date -u +%FT%TZ), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), binaries $ZEBU_BIN_DIR
+backup-bench: $SIZE volume ($(m $data) MiB random data, the rest holes), $REPLICAS replicas, server $server_desc on 127.0.0.1, $(date -u +%FT%TZ), $(nproc) CPUs, binaries $ZEBU_BIN_DIR
+uptime at the start: $uptime_start
+uptime at the end:   $(uptime)
 server ceiling (boto3, 4 parallel requests of 64 MiB objects): PUT $ceil_put MiB/s, GET $ceil_get MiB/s
+server ceiling (object_store as the store uses it, 4 parallel, 8 MiB parts): PUT ${rust_put:-?} MiB/s, GET ${rust_get:-?} MiB/s
 changes for the incremental: $(m $region) MiB region at $(m $region_off) MiB + 2,000 random 4 KiB writes = $changed_chunks changed 1 MiB chunks ($(m $changed_bytes) MiB)
 rates of full rows are of the data bytes ($(m $data) MiB)
 
-| row | time s | MiB/s | read MiB | uploaded / downloaded MiB | objects | peak RSS MiB |
-|---|---:|---:|---:|---:|---:|---:|
-| zebu full backup | $t_full | $(rate "$data" "$t_full") | $(m $read_full) | $(m $up_full) | $objs_full | $rss_full |
-| zebu incremental backup | $t_incr | $(rate "$changed_bytes" "$t_incr") (of changed chunks) | $(m $read_incr) | $(m $up_incr) | $objs_incr | $rss_incr |
-| zebu restore of full (new $REPLICAS-replica volume, byte-identical) | $t_rfull | $(rate "$data" "$t_rfull") | | $(m $dl_rfull) | | $rss_rfull |
-| zebu restore of incremental (new volume, byte-identical) | $t_rincr | $(rate "$data" "$t_rincr") | | $(m $dl_rincr) | | $rss_rincr |
-| nbdcopy volume -> null: | $t_read | $(rate "$data" "$t_read") | | | | |
-| nbdcopy image -> new $REPLICAS-replica volume | $t_write | $(rate "$data" "$t_write") | | | | |
-| restic backup of the image | $t_restic_b | $(rate "$data" "$t_restic_b") | | $(m $restic_stored) stored | $restic_objects | |
-| restic restore (to a file) | $t_restic_r | $(rate "$data" "$t_restic_r") | | | | |
+| row | time s | MiB/s | read MiB | uploaded / downloaded MiB | objects | peak RSS MiB | machine CPU busy % |
+|---|---:|---:|---:|---:|---:|---:|---:|
+| zebu full backup | $t_full | $(rate "$data" "$t_full") | $(m $read_full) | $(m $up_full) | $objs_full | $rss_full | $busy_full |
+| zebu incremental backup | $t_incr | $(rate "$changed_bytes" "$t_incr") (of changed chunks) | $(m $read_incr) | $(m $up_incr) | $objs_incr | $rss_incr | $busy_incr |
+| zebu restore of full (new $REPLICAS-replica volume, byte-identical) | $t_rfull | $(rate "$data" "$t_rfull") | | $(m $dl_rfull) | | $rss_rfull (replicas: $rrss_rfull) | $busy_rfull |
+| zebu restore of incremental (new volume, byte-identical) | $t_rincr | $(rate "$data" "$t_rincr") | | $(m $dl_rincr) | | $rss_rincr (replicas: $rrss_rincr) | $busy_rincr |
+| nbdcopy volume -> null: | $t_read | $(rate "$data" "$t_read") | | | | | $busy_read |
+| nbdcopy image -> new $REPLICAS-replica volume | $t_write | $(rate "$data" "$t_write") | | | | | $busy_write |
+| restic backup of the image | $t_restic_b | $(rate "$data" "$t_restic_b") | | $(m $restic_stored) stored | $restic_objects | | |
+| restic restore (to a file) | $t_restic_r | $(rate "$data" "$t_restic_r") | | | | | |
 
 zebu store after both backups: $objs_after objects, $(m $stored_after) MiB ($objs_after_full objects, $(m $stored_after_full) MiB after the full one)
 
@@ -299,6 +330,9 @@ zebu store after both backups: $objs_after objects, $(m $stored_after) MiB ($obj
 | restore rate >= 0.7 x nbdcopy write (incremental) | $(rate "$data" "$t_rincr") / $(rate "$data" "$t_write") MiB/s = $(ratio "$t_write" "$t_rincr") | $(verdict "$t_write / $t_rincr >= 0.7") |
 | restores byte-identical | both compared whole with cmp | PASS |
 | each chunk downloaded once (full restore) | $(m $dl_rfull) MiB downloaded / $(m $up_full) MiB stored by the full backup | $(verdict "$dl_rfull <= 1.02 * $up_full + (1 << 20)") |
+
+the jobs' own accounts (wait_* in ms):
+$job_lines
 EOF
 )
 echo "$report"

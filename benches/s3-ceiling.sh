@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # The S3 server's own ceiling: PUT then GET of N objects of 64 MiB (random bytes), P at a
-# time, signed requests from boto3 (the moto venv has it). Prints one line, "PUT_MiB/s
-# GET_MiB/s", of the bytes moved. backup-bench.sh runs it to tell the server's limit from
-# the store's. (Plain curl PUTs hang on moto's development server: it never answers them.)
+# time, measured by two clients:
+#   - boto3 (signed requests; the moto venv has it). Its PUTs are bound by Python itself on
+#     this machine kind (about 60 MiB/s whatever the server), so it understates fast servers;
+#   - the backup store's own client, object_store, as a backup uses it (unsigned payloads,
+#     multipart uploads of 8 MiB parts, streamed ranged GETs): backupstore's example
+#     `s3_ceiling`, when S3_CEILING names it (default: target/release/examples/s3_ceiling if
+#     present). This one bounds what a backup or restore can reach.
+# Prints one line, "PUT_MiB/s GET_MiB/s" of boto3, then (if the example exists) "RUST_PUT
+# RUST_GET" on the same line. backup-bench.sh runs it to tell the server's limit from the
+# store's. (Plain curl PUTs hang on moto's development server: it never answers them.)
 #
 #   benches/s3-ceiling.sh ENDPOINT BUCKET [N=8] [P=4]
-#   env: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION (any values for moto)
+#   env: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION (any values for moto),
+#        S3_CEILING (the example's program)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+rust="${S3_CEILING:-target/release/examples/s3_ceiling}"
 moto_server=$(bash backupstore/scripts/moto-venv.sh)
-exec "$(dirname "$moto_server")/python3" - "$@" <<'PY'
+boto=$("$(dirname "$moto_server")/python3" - "$@" <<'PY'
 import os, sys, time
 from concurrent.futures import ThreadPoolExecutor
 import boto3
@@ -43,3 +52,9 @@ with ThreadPoolExecutor(p) as ex:
     list(ex.map(lambda k: s3.delete_object(Bucket=bucket, Key=k), keys))
 print(f"{n * 64 / (t1 - t0):.1f} {n * 64 / (t2 - t1):.1f}")
 PY
+)
+if [ -x "$rust" ]; then
+  echo "$boto $("$rust" "$1" "$2" --count "${3:-8}" --parallel "${4:-4}")"
+else
+  echo "$boto"
+fi

@@ -38,14 +38,20 @@ struct Args {
     #[arg(long, default_value_t = 8)]
     part_mib: usize,
     /// Uploads in flight.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 6)]
     uploads: usize,
     /// Restore reads in flight.
     #[arg(long, default_value_t = 4)]
     reads: usize,
     /// Largest restore read in MiB.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 80)]
     max_read_mib: u64,
+    /// Unneeded bytes a restore read may span, in KiB.
+    #[arg(long, default_value_t = 1024)]
+    max_gap_kib: u64,
+    /// Restore reorder buffer in MiB.
+    #[arg(long, default_value_t = 64)]
+    buffer_mib: u64,
     /// zstd or lz4.
     #[arg(long, default_value = "zstd")]
     codec: String,
@@ -133,7 +139,9 @@ async fn main() -> anyhow::Result<()> {
     let t0 = Instant::now();
     let ropts = RestoreOptions {
         concurrency: a.reads,
-        ..Default::default()
+        max_read: a.max_read_mib << 20,
+        max_gap: a.max_gap_kib << 10,
+        buffer: a.buffer_mib << 20,
     };
     match a.cmd {
         Cmd::Backup {
@@ -198,7 +206,7 @@ async fn main() -> anyhow::Result<()> {
                 serde_json::json!({"op": "backup", "secs": t0.elapsed().as_secs_f64(), "bytes_read": read,
                     "chunks": m.stats.chunks, "given": m.stats.chunks_given, "dedup": m.stats.dedup_chunks,
                     "zero": m.stats.zero_chunks, "new_blobs": m.stats.new_blobs, "stored": m.stats.new_stored_bytes,
-                    "packs": m.stats.packs})
+                    "packs": m.stats.packs, "peak_rss": peak_rss()})
             );
         }
         Cmd::Restore { family, name, out } => {
@@ -225,7 +233,8 @@ async fn main() -> anyhow::Result<()> {
             println!(
                 "{}",
                 serde_json::json!({"op": "restore", "secs": t0.elapsed().as_secs_f64(), "chunks": st.chunks,
-                    "bytes": st.bytes, "reads": st.reads, "downloaded": st.downloaded})
+                    "bytes": st.bytes, "reads": st.reads, "downloaded": st.downloaded, "skipped": st.skipped,
+                    "peak_held": st.peak_held, "peak_rss": peak_rss()})
             );
         }
         Cmd::Verify { family, name } => {
@@ -289,4 +298,16 @@ async fn chunk_hashes(
         .into_iter()
         .map(|(s, h)| (s, Some(h)))
         .collect())
+}
+
+/// This process's peak resident memory in bytes (`VmHWM`), 0 if unknown.
+fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
 }

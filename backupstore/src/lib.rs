@@ -12,7 +12,8 @@
 //!   backup with a create-only manifest put ([`manifest`] has the layout and commit point).
 //! - [`RestoreStream`] (from [`BackupStore::restore`] / [`BackupStore::restore_diff`])
 //!   hands back `(offsets, data)` in ascending offset order, each chunk downloaded once by
-//!   large ranged reads, several in flight, every chunk verified against its hash.
+//!   large ranged reads planned per pack, several in flight, streamed and verified blob by
+//!   blob against its hash, in memory bounded by [`RestoreOptions`] ([`restore`]).
 //! - [`gc`] deletes unreferenced packs in two passes with a safety margin, safe against
 //!   concurrent backups; [`plan_chunks`] turns changed and unmapped extents into the whole
 //!   chunks to read.
@@ -83,6 +84,7 @@ pub mod map;
 pub mod pack;
 pub mod plan;
 pub mod reader;
+pub mod restore;
 pub mod session;
 pub mod store;
 pub mod target;
@@ -95,7 +97,8 @@ pub use ids::{BackupName, ChunkHash, FamilyId, PackId};
 pub use manifest::{BackupStats, Manifest};
 pub use pack::PackLimits;
 pub use plan::{ChunkPlan, plan_chunks};
-pub use reader::{ManifestDiff, RestoreItem, RestoreOptions, RestoreStats, RestoreStream};
+pub use reader::{ManifestDiff, RestoreItem, RestoreOptions, RestoreStats};
+pub use restore::RestoreStream;
 pub use session::SessionTimes;
 pub use store::{BackupStore, DEFAULT_CHUNK_SIZE, StoreOptions, StoreUsage};
 pub use target::{S3Settings, TargetConfig, TargetUrl};

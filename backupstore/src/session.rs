@@ -10,6 +10,13 @@
 //!
 //! A writer that cannot keep its marker fresh (heartbeats failing, or it was stopped for
 //! longer than half the ttl) refuses to commit: GC may have stopped waiting for it.
+//!
+//! Ending a session stops the heartbeat and waits for a put it has in flight *before* it
+//! deletes the marker. Aborting the heartbeat task is not enough: a put already handed to
+//! the target (a blocking file write, a request the server has received) completes anyway,
+//! and one that lands after the delete brings the marker back. Such a marker, of a session
+//! that started before every later condemnation, held back GC's deletions for a whole ttl
+//! (it once made `mostly_dead_packs_are_repacked_and_every_backup_still_restores` fail).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::error::{BackupError, Result};
@@ -54,6 +62,10 @@ pub struct SessionBody {
     pub ttl_ms: Option<u64>,
 }
 
+/// How long [`Session::end`] waits for a heartbeat put in flight before deleting the marker
+/// anyway (a marker that reappears then only delays GC by a ttl; it is never unsafe).
+const STOP_WAIT: Duration = Duration::from_secs(30);
+
 /// The relative key of a session marker.
 pub fn session_rel(family: &FamilyId, id: SessionId) -> String {
     format!("families/{family}/sessions/{id}.json")
@@ -68,7 +80,9 @@ pub struct Session {
     born: Instant,
     /// Milliseconds after `born` of the last successful heartbeat.
     last_ok: Arc<AtomicU64>,
-    beat: JoinHandle<()>,
+    /// Dropping or sending it stops the heartbeat between puts.
+    stop: Option<oneshot::Sender<()>>,
+    beat: Option<JoinHandle<()>>,
 }
 
 impl Session {
@@ -101,12 +115,17 @@ impl Session {
         body.started_ms = Some(meta.last_modified.timestamp_millis());
         target.put(&key, json(&body)).await?;
         let last_ok = Arc::new(AtomicU64::new(0));
+        let (stop, mut stopped) = oneshot::channel::<()>();
         let beat = {
             let (target, key, last_ok) = (target.clone(), key.clone(), last_ok.clone());
             let payload = json(&body);
             tokio::spawn(async move {
                 loop {
-                    tokio::time::sleep(times.heartbeat).await;
+                    tokio::select! {
+                        _ = &mut stopped => return,
+                        () = tokio::time::sleep(times.heartbeat) => {}
+                    }
+                    // Never cancelled half way by `end`, which waits for it (module docs).
                     let t = born.elapsed().as_millis() as u64;
                     match target.put(&key, payload.clone()).await {
                         Ok(()) => last_ok.store(t, Ordering::Release),
@@ -123,7 +142,8 @@ impl Session {
             times,
             born,
             last_ok,
-            beat,
+            stop: Some(stop),
+            beat: Some(beat),
         })
     }
 
@@ -143,9 +163,15 @@ impl Session {
         }
     }
 
-    /// Stops the heartbeat and deletes the marker.
-    pub async fn end(self) -> Result<()> {
-        self.beat.abort();
+    /// Stops the heartbeat, waits for a put it has in flight, and deletes the marker.
+    pub async fn end(mut self) -> Result<()> {
+        drop(self.stop.take());
+        if let Some(mut beat) = self.beat.take()
+            && tokio::time::timeout(STOP_WAIT, &mut beat).await.is_err()
+        {
+            tracing::warn!(session = %self.id, "a session heartbeat did not finish within {STOP_WAIT:?}; deleting the marker anyway");
+            beat.abort();
+        }
         self.target.delete(&self.key).await
     }
 }
@@ -153,6 +179,44 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         // A dropped (not ended) session stops refreshing; GC treats it as dead after the ttl.
-        self.beat.abort();
+        if let Some(beat) = &self.beat {
+            beat.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::TargetConfig;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_ended_session_marker_never_comes_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = TargetConfig::with_settings(
+            format!("file://{}", dir.path().display()),
+            crate::target::S3Settings::default(),
+        );
+        let target = Arc::new(Target::open(&cfg).await.expect("file target"));
+        let family = FamilyId::new("f").expect("family id");
+        // A heartbeat every millisecond: most ends meet a put in flight (a blocking file
+        // write that aborting the task does not stop).
+        let times = SessionTimes {
+            ttl: Duration::from_secs(6),
+            heartbeat: Duration::from_millis(1),
+        };
+        for round in 0..40u64 {
+            let s = Session::start(target.clone(), &family, "test", times)
+                .await
+                .expect("session starts");
+            tokio::time::sleep(Duration::from_millis(round % 7)).await;
+            let key = s.key.clone();
+            s.end().await.expect("session ends");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(
+                target.head(&key).await.expect("head").is_none(),
+                "round {round}: the marker of an ended session is back"
+            );
+        }
     }
 }

@@ -14,7 +14,8 @@ use crate::ids::{BackupName, FamilyId, PackId};
 use crate::index::{self, FamilyIndex};
 use crate::manifest::{self, Manifest};
 use crate::pack::PackLimits;
-use crate::reader::{self, ManifestDiff, RestoreOptions, RestoreStream};
+use crate::reader::{self, ManifestDiff, RestoreOptions};
+use crate::restore::{Plan, RestoreStream};
 use crate::session::{Session, SessionTimes};
 use crate::target::{Target, TargetConfig};
 use crate::writer::{BackupSpec, BackupWriter, WriterSettings};
@@ -310,7 +311,25 @@ impl BackupStore {
     pub async fn restore(&self, m: &Manifest, opts: RestoreOptions) -> Result<RestoreStream> {
         let index = self.family_index(&m.family).await?;
         let chunks = reader::load_map(&self.target, m, &index).await?;
-        reader::start(self.target.clone(), m, &index, chunks, Vec::new(), opts)
+        self.start_restore(m, &index, chunks, Vec::new(), opts)
+    }
+
+    fn start_restore(
+        &self,
+        m: &Manifest,
+        index: &FamilyIndex,
+        chunks: Vec<(u64, crate::ids::ChunkHash)>,
+        zeroed: Vec<u64>,
+        opts: RestoreOptions,
+    ) -> Result<RestoreStream> {
+        let plan = Plan::new(m, index, chunks, zeroed, &opts)?;
+        tracing::info!(family = %m.family, backup = %m.name, reads = plan.read_count(), "restore planned");
+        Ok(RestoreStream::start(
+            self.target.clone(),
+            m.family.clone(),
+            plan,
+            opts,
+        ))
     }
 
     /// `(chunk slot, hash)` of every non-hole chunk of a backup, ascending (reads the map
@@ -336,7 +355,7 @@ impl BackupStore {
     ) -> Result<RestoreStream> {
         let index = self.family_index(&to.family).await?;
         let d = reader::diff(&self.target, from, to, &index).await?;
-        reader::start(self.target.clone(), to, &index, d.changed, d.zeroed, opts)
+        self.start_restore(to, &index, d.changed, d.zeroed, opts)
     }
 
     /// Reads every chunk of a backup and checks its hash; the error names the first bad

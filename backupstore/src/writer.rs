@@ -372,7 +372,7 @@ impl BackupWriter {
             if !self.index.has(&hash) && session_blobs.insert(hash) {
                 let codec = self.settings.codec;
                 let blob = tokio::task::spawn_blocking(move || {
-                    blob::encode(BlobKind::Map, &raw, codec, Some(hash))
+                    blob::encode(BlobKind::Map, Bytes::from(raw), codec, Some(hash))
                 })
                 .await?;
                 sink.add(&blob).await?;
@@ -495,7 +495,7 @@ fn process(job: Job, index: &FamilyIndex, codec: Codec) -> Processed {
     }
     Processed::New {
         slot: job.slot,
-        blob: blob::encode(BlobKind::Data, &job.data, codec, Some(hash)),
+        blob: blob::encode(BlobKind::Data, job.data, codec, Some(hash)),
     }
 }
 

@@ -282,6 +282,7 @@ async fn a_flipped_byte_in_a_pack_fails_restore_and_verify_naming_object_and_chu
             RestoreOptions {
                 concurrency: 1,
                 max_read: MIB,
+                ..Default::default()
             },
         )
         .await

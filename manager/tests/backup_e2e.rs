@@ -6,7 +6,8 @@
 //!   to the volume at its snapshot (the source is reverted to the snapshot and both whole
 //!   devices are compared); the next backup is incremental (reads only what changed).
 //! - kill -9 of the upload process mid-backup: no backup is listed in the target until a
-//!   retry commits it, and the retry restores byte-identical.
+//!   retry commits it, and the retry restores byte-identical; kill -9 of the manager, then
+//!   of the volume's engine, mid-backup: the backup completes and restores byte-identical.
 //! - Bad input (a malformed URL, a missing bucket, an unreachable endpoint, a volume that
 //!   does not exist): one clear line each, within seconds, nothing recorded.
 //! - A flipped byte in a pack object: `zebu backup verify` and a restore both fail naming
@@ -394,6 +395,56 @@ fn backups_under_io_to_s3_restore_byte_identical_and_survive_a_killed_upload() {
         first_difference(&r4, &src_b4),
         None,
         "restore of b4 differs"
+    );
+
+    // b5: the volume's engine is killed -9 while the upload runs. The upload reads the
+    // snapshot from the replicas, not through the engine, so it goes on (or its retry
+    // commits), and the backup restores byte-identical to the volume at its snapshot.
+    let cluster = tmp.path().display().to_string();
+    // The restored volumes are detached: once their engines are gone, src's is the one left.
+    wait_for("only src's engine running", 60, || {
+        pids("zebu-engine", &cluster).len() == 1
+    });
+    let endpoint = volume_json(&api, "src")["status"]["endpoint"]
+        .as_str()
+        .expect("src is attached")
+        .to_string();
+    // 64 MiB that neither compresses nor deduplicates: an upload that lasts.
+    std::fs::write(&random, store_fixtures::random_bytes(12, 64 << 20)).expect("random");
+    let st = Command::new("nbdcopy")
+        .arg(&random)
+        .arg(&endpoint)
+        .status()
+        .expect("nbdcopy");
+    assert!(st.success(), "nbdcopy into {endpoint}");
+    let src_b5 = image(&endpoint, &tmp.path().join("src-b5.img"));
+    ok(&api, &["backup", "create", "src", "--name", "b5"]);
+    let job = format!("{}/backups/jobs/backup-b5.json", tmp.path().display());
+    wait_for("the upload process of b5", 60, || {
+        !pids("zebu-backup-run", &job).is_empty()
+    });
+    let engine = pids("zebu-engine", &cluster);
+    assert_eq!(engine.len(), 1, "{engine:?}");
+    kill9(engine[0]);
+    let b5_now = backup(&api, "b5").expect("b5");
+    assert_ne!(
+        b5_now["status"]["state"], "completed",
+        "b5 completed before its engine was killed; the kill tests nothing"
+    );
+    wait_for("b5 completed after its engine was killed", 180, || {
+        let b = backup(&api, "b5").expect("b5");
+        assert_ne!(b["status"]["state"], "error", "{b}");
+        b["status"]["state"] == "completed"
+    });
+    eprintln!(
+        "b5 after its engine was killed: {}",
+        backup(&api, "b5").expect("b5")["status"]
+    );
+    let r5 = restore_image(&api, "b5", "r5", tmp.path());
+    assert_eq!(
+        first_difference(&r5, &src_b5),
+        None,
+        "restore of b5 differs"
     );
     drop(up);
 }

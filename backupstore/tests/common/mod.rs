@@ -242,13 +242,27 @@ pub async fn backup_incremental(
 
 /// Restores into a zeroed image of the backup's size.
 pub async fn restore(store: &BackupStore, m: &Manifest) -> Result<(Vec<u8>, RestoreStats)> {
+    restore_with(store, m, RestoreOptions::default()).await
+}
+
+/// [`restore`] with given options; checks that items come in ascending order and that no
+/// chunk's bytes are handed on twice.
+pub async fn restore_with(
+    store: &BackupStore,
+    m: &Manifest,
+    opts: RestoreOptions,
+) -> Result<(Vec<u8>, RestoreStats)> {
     let mut out = vec![0u8; m.volume_size as usize];
-    let mut s = store.restore(m, RestoreOptions::default()).await?;
+    let mut s = store.restore(m, opts).await?;
     let mut last = 0u64;
+    let mut seen = std::collections::HashSet::new();
     while let Some(item) = s.next().await {
         match item? {
             RestoreItem::Data { offsets, data } => {
                 assert!(offsets[0] >= last, "items must come in ascending order");
+                for o in &offsets {
+                    assert!(seen.insert(*o), "offset {o} handed on twice");
+                }
                 last = offsets[0];
                 for o in offsets {
                     out[o as usize..o as usize + data.len()].copy_from_slice(&data);

@@ -13,8 +13,8 @@
 //! compress, packs up) ─► chain unchanged? ─► commit (create-only manifest put)
 //! ```
 //!
-//! Memory is bounded: `READS_IN_FLIGHT × WINDOW` of read buffers, the writer's channels and
-//! its pack parts; the plan is a list of extents, not of blocks.
+//! Memory is bounded: `(READS_IN_FLIGHT + READY + 1) × WINDOW` of read buffers, the writer's
+//! channels and its pack parts; the plan is a list of extents, not of blocks.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -33,6 +33,8 @@ use crate::report::{JobFailure, Reporter};
 pub const WINDOW: u64 = 4 << 20;
 /// Window reads in flight at once.
 pub const READS_IN_FLIGHT: usize = 4;
+/// Windows read and waiting for the writer.
+const READY: usize = 2;
 
 impl From<ReadError> for JobFailure {
     fn from(e: ReadError) -> Self {
@@ -140,45 +142,58 @@ pub async fn run(spec: &JobSpec, job: &BackupJob, rep: &Reporter) -> Result<(), 
         .await?;
     let wins = windows(&plan.read, WINDOW.max(cs) / cs * cs);
     let reader_ref = &reader;
-    let mut reads = futures::stream::iter(wins.into_iter().map(|win| async move {
-        let data = reader_ref.read(win.clone()).await?;
-        Ok::<_, ReadError>((win, data))
-    }))
-    .buffered(READS_IN_FLIGHT);
+    // The replica's reads run beside the writer, not in turns with it: a producer keeps
+    // `READS_IN_FLIGHT` window reads going and queues what came (at most `READY` windows),
+    // while the loop below hands chunks to the writer. Both are futures of this task.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<(Range<u64>, Bytes), ReadError>>(READY);
+    let produce = async move {
+        let mut reads = futures::stream::iter(wins.into_iter().map(|win| async move {
+            let data = reader_ref.read(win.clone()).await?;
+            Ok::<_, ReadError>((win, data))
+        }))
+        .buffered(READS_IN_FLIGHT);
+        while let Some(r) = reads.next().await {
+            let failed = r.is_err();
+            if tx.send(r).await.is_err() || failed {
+                break;
+            }
+        }
+    };
     let mut done = 0u64;
     // Where the time goes: waiting for the replica's reads or for the writer (hash,
     // compress, upload: it takes a chunk only when its pipeline has room).
     let (mut wait_reads, mut wait_writer) = (Duration::ZERO, Duration::ZERO);
-    loop {
-        let t = Instant::now();
-        let Some(next) = reads.next().await else {
-            break;
-        };
-        wait_reads += t.elapsed();
-        let t = Instant::now();
-        let (win, data) = match next {
-            Ok(x) => x,
-            Err(e) => {
-                let _ = w.abort().await;
-                return Err(e.into());
+    let consume = async {
+        // Owned here: a writer that fails drops it, which stops the producer.
+        let mut rx = rx;
+        loop {
+            let t = Instant::now();
+            let Some(next) = rx.recv().await else {
+                break;
+            };
+            wait_reads += t.elapsed();
+            let t = Instant::now();
+            let (win, data) = next.map_err(JobFailure::from)?;
+            for (i, c) in data.chunks(cs as usize).enumerate() {
+                let at = win.start + i as u64 * cs;
+                w.put_chunk(at, data.slice_ref(c)).await?;
             }
-        };
-        for (i, c) in data.chunks(cs as usize).enumerate() {
-            let at = win.start + i as u64 * cs;
-            if let Err(e) = w.put_chunk(at, data.slice_ref(c)).await {
-                return Err(e.into());
-            }
+            wait_writer += t.elapsed();
+            done += win.end - win.start;
+            let p = w.progress();
+            rep.update(|r| {
+                r.bytes_done = done;
+                r.bytes_read = reader.bytes_read();
+                r.bytes_transferred = p.stored_bytes;
+            });
         }
-        wait_writer += t.elapsed();
-        done += win.end - win.start;
-        let p = w.progress();
-        rep.update(|r| {
-            r.bytes_done = done;
-            r.bytes_read = reader.bytes_read();
-            r.bytes_transferred = p.stored_bytes;
-        });
+        Ok::<(), JobFailure>(())
+    };
+    let ((), consumed) = futures::join!(produce, consume);
+    if let Err(e) = consumed {
+        let _ = w.abort().await;
+        return Err(e);
     }
-    drop(reads);
     if let Err(e) = reader.check_unchanged().await {
         let _ = w.abort().await;
         return Err(JobFailure::transient(e.to_string()));
@@ -195,7 +210,7 @@ pub async fn run(spec: &JobSpec, job: &BackupJob, rep: &Reporter) -> Result<(), 
         r.objects = m.stats.packs + 1;
     });
     tracing::info!(backup = %name, bytes_read = reader.bytes_read(), uploaded = m.stats.new_stored_bytes,
-        packs = m.stats.packs, failovers = reader.failovers(), wait_reads_ms = wait_reads.as_millis() as u64,
+        packs = m.stats.packs, failovers = reader.failovers(), peak_rss = crate::report::peak_rss_bytes().unwrap_or(0), cpu_ms = crate::report::cpu_ms().unwrap_or(0), wait_reads_ms = wait_reads.as_millis() as u64,
         wait_writer_ms = wait_writer.as_millis() as u64, wait_commit_ms = wait_commit.as_millis() as u64, "backup done");
     Ok(())
 }

@@ -172,6 +172,9 @@ pub struct JobReport {
     /// Replicas a restore wrote successfully (their ids), or the replica a backup read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<String>,
+    /// The job process's peak resident memory, written when the job ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error: String,
     /// The error is the caller's (bad input, missing snapshot): retrying will not help.

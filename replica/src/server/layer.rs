@@ -10,10 +10,20 @@
 //! its source stores, checked there first (blocks that fail are listed, and copied as they
 //! are so they stay detectably bad), and `WriteLayer` checks the data against them before
 //! storing both: a copy damaged on the way is refused.
+//!
+//! `WriteLayer` receives ahead of what it writes: a reader task takes messages off the
+//! stream (which frees the HTTP/2 window, so the sender keeps sending) while the handler
+//! writes the previous ones, in order, one at a time. A write into the page cache is a copy
+//! done by the writing thread, so receiving (socket, HTTP/2, decoding) and writing overlap on
+//! two threads instead of taking turns. Memory: the messages received and not yet written
+//! hold at most [`READ_AHEAD_BYTES`] of data, plus the one message the reader holds while it
+//! waits for room (at most `MAX_MESSAGE_BYTES`), per stream.
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
+use futures::{Stream, StreamExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 use tracing::{Instrument, info};
@@ -158,6 +168,56 @@ pub(super) async fn read_layer(
     Ok(ReceiverStream::new(rx))
 }
 
+/// Data a `WriteLayer` stream may have received and not yet written (see the module docs):
+/// four of a restore's 4 MiB messages, sixteen of a rebuild's 1 MiB chunks.
+pub const READ_AHEAD_BYTES: usize = 16 << 20;
+
+/// What the reader task hands the writer: a message with the room it takes, the end of the
+/// stream, or the error that broke it. The writer completes the layer only on `End`, so a
+/// reader that stops any other way can never make a cut-short layer look whole.
+enum Received {
+    Message(pb::WriteLayerRequest, OwnedSemaphorePermit),
+    End,
+    Failed(Status),
+}
+
+/// Aborts the reader task when the handler returns or is dropped (the client went away).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Takes messages off `inbound` into `tx` while the writer writes earlier ones; each message
+/// waits for room in `room` (its data bytes, up to the whole budget) before it is queued.
+async fn read_ahead(
+    mut inbound: impl Stream<Item = Result<pb::WriteLayerRequest, Status>> + Unpin,
+    room: Arc<Semaphore>,
+    tx: mpsc::Sender<Received>,
+) {
+    loop {
+        let item = match inbound.next().await.transpose() {
+            Ok(Some(msg)) => {
+                let len = msg.chunk.as_ref().map_or(0, |c| c.data.len());
+                let want = u32::try_from(len.min(READ_AHEAD_BYTES))
+                    .expect("invariant: READ_AHEAD_BYTES fits in u32");
+                match room.clone().acquire_many_owned(want).await {
+                    Ok(permit) => Received::Message(msg, permit),
+                    Err(_) => return, // closed: the writer is gone
+                }
+            }
+            Ok(None) => Received::End,
+            Err(status) => Received::Failed(status),
+        };
+        let last = !matches!(item, Received::Message(..));
+        if tx.send(item).await.is_err() || last {
+            return;
+        }
+    }
+}
+
 pub(super) async fn write_layer(
     shared: &Shared,
     mut inbound: Streaming<pb::WriteLayerRequest>,
@@ -188,8 +248,17 @@ pub(super) async fn write_layer(
         .await
         .map_err(to_status)?;
     let name = spec.name;
+    // The queue's length is bounded by the room (bytes); this bound only caps how many
+    // messages without data may wait.
+    let (tx, mut rx) = mpsc::channel(256);
+    let room = Arc::new(Semaphore::new(READ_AHEAD_BYTES));
+    let _reader = AbortOnDrop(tokio::spawn(
+        read_ahead(inbound, room.clone(), tx).in_current_span(),
+    ));
     let mut bytes_written = 0u64;
     let mut next = Some(first);
+    // The room of the message being written: it counts against the budget until written.
+    let mut held: Option<OwnedSemaphorePermit> = None;
     while let Some(msg) = next {
         if let Some(chunk) = msg.chunk {
             let len = chunk.data.len() as u64;
@@ -207,7 +276,21 @@ pub(super) async fn write_layer(
                 bytes_written += len;
             }
         }
-        next = inbound.message().await?;
+        // Given back before waiting for the next message, which may need it.
+        drop(held.take());
+        next = match rx.recv().await {
+            Some(Received::Message(msg, room)) => {
+                held = Some(room);
+                Some(msg)
+            }
+            Some(Received::End) => None,
+            Some(Received::Failed(status)) => return Err(status),
+            None => {
+                return Err(Status::internal(
+                    "the WriteLayer reader stopped before the stream ended",
+                ));
+            }
+        };
     }
     shared
         .current()
@@ -219,4 +302,82 @@ pub(super) async fn write_layer(
         .map_err(to_status)?;
     info!(layer = %name, bytes_written, "layer written");
     Ok(pb::WriteLayerResponse { bytes_written })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn message(offset: u64, len: usize) -> pb::WriteLayerRequest {
+        pb::WriteLayerRequest {
+            chunk: Some(pb::LayerChunk {
+                offset,
+                data: vec![7u8; len].into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_reader_stops_taking_messages_when_the_unwritten_ones_fill_the_budget() {
+        let piece = 4 << 20;
+        let taken = Arc::new(AtomicUsize::new(0));
+        let counted = taken.clone();
+        let source = futures::stream::iter(0..64u64).map(move |i| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Ok(message(i * piece as u64, piece))
+        });
+        let room = Arc::new(Semaphore::new(READ_AHEAD_BYTES));
+        let (tx, mut rx) = mpsc::channel(256);
+        let reader = tokio::spawn(read_ahead(source, room.clone(), tx));
+        // Nothing is written: the reader fills the budget, then holds one more message.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let fit = READ_AHEAD_BYTES / piece;
+        assert_eq!(taken.load(Ordering::SeqCst), fit + 1);
+        assert_eq!(room.available_permits(), 0);
+        // Writing one (taking it and dropping its room) lets exactly one more in.
+        match rx.recv().await {
+            Some(Received::Message(m, permit)) => {
+                assert_eq!(m.chunk.map(|c| c.offset), Some(0));
+                drop(permit);
+            }
+            _ => panic!("the first message was not queued"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(taken.load(Ordering::SeqCst), fit + 2);
+        // Draining the queue reads the rest in order, then the end.
+        let mut expect = 1u64;
+        loop {
+            match rx.recv().await {
+                Some(Received::Message(m, _)) => {
+                    assert_eq!(m.chunk.map(|c| c.offset), Some(expect * piece as u64));
+                    expect += 1;
+                }
+                Some(Received::End) => break,
+                Some(Received::Failed(s)) => panic!("failed: {s}"),
+                None => panic!("the reader stopped without an end"),
+            }
+        }
+        assert_eq!(expect, 64);
+        reader.await.expect("reader task");
+    }
+
+    #[tokio::test]
+    async fn a_broken_stream_reaches_the_writer_as_an_error_not_an_end() {
+        let source = futures::stream::iter(vec![
+            Ok(message(0, 4096)),
+            Err(Status::cancelled("client reset")),
+            Ok(message(4096, 4096)),
+        ]);
+        let room = Arc::new(Semaphore::new(READ_AHEAD_BYTES));
+        let (tx, mut rx) = mpsc::channel(256);
+        read_ahead(source, room, tx).await;
+        assert!(matches!(rx.recv().await, Some(Received::Message(..))));
+        assert!(
+            matches!(rx.recv().await, Some(Received::Failed(s)) if s.code() == tonic::Code::Cancelled)
+        );
+        assert!(rx.recv().await.is_none(), "nothing after the error");
+    }
 }
