@@ -272,10 +272,10 @@ pub async fn run(spec: &JobSpec, job: &RestoreJob, rep: &Reporter) -> Result<(),
         };
         match item {
             RestoreItem::Data { offsets, data } => {
-                let runs = if skip_zero_blocks {
+                let runs: Vec<std::ops::Range<usize>> = if skip_zero_blocks {
                     nonzero_runs(&data)
                 } else {
-                    vec![0..data.len()]
+                    std::iter::once(0..data.len()).collect()
                 };
                 let run_bytes: usize = runs.iter().map(|r| r.len()).sum();
                 for o in offsets {

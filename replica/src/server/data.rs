@@ -367,7 +367,13 @@ pub(super) async fn run_op(
             if len > MAX_IO_BYTES {
                 return Response::failed(id, DataStatus::Invalid, too_large("write", len));
             }
-            debug!(id = id.0, offset, length = len, sums = sums.is_some(), "write");
+            debug!(
+                id = id.0,
+                offset,
+                length = len,
+                sums = sums.is_some(),
+                "write"
+            );
             let times = shared.io.times();
             let started = Instant::now();
             times.add(Step::WriteQueued, started - received);

@@ -176,7 +176,7 @@ pub const READ_AHEAD_BYTES: usize = 16 << 20;
 /// stream, or the error that broke it. The writer completes the layer only on `End`, so a
 /// reader that stops any other way can never make a cut-short layer look whole.
 enum Received {
-    Message(pb::WriteLayerRequest, OwnedSemaphorePermit),
+    Message(Box<pb::WriteLayerRequest>, OwnedSemaphorePermit),
     End,
     Failed(Status),
 }
@@ -204,7 +204,7 @@ async fn read_ahead(
                 let want = u32::try_from(len.min(READ_AHEAD_BYTES))
                     .expect("invariant: READ_AHEAD_BYTES fits in u32");
                 match room.clone().acquire_many_owned(want).await {
-                    Ok(permit) => Received::Message(msg, permit),
+                    Ok(permit) => Received::Message(Box::new(msg), permit),
                     Err(_) => return, // closed: the writer is gone
                 }
             }
@@ -281,7 +281,7 @@ pub(super) async fn write_layer(
         next = match rx.recv().await {
             Some(Received::Message(msg, room)) => {
                 held = Some(room);
-                Some(msg)
+                Some(*msg)
             }
             Some(Received::End) => None,
             Some(Received::Failed(status)) => return Err(status),
