@@ -719,6 +719,15 @@ impl Cluster {
         }
     }
 
+    /// Stops replica `i` cleanly (SIGTERM: it closes its store, so every flush it answered
+    /// is recorded in its region record) and waits for it to exit.
+    pub fn stop_replica(&mut self, i: usize) -> anyhow::Result<()> {
+        if let Some(mut r) = self.replicas[i].take() {
+            r.terminate(Duration::from_secs(30))?;
+        }
+        Ok(())
+    }
+
     /// Starts replica `i` again on its address, in `dir` (its old one, or a fresh one).
     pub fn restart_replica_in(&mut self, i: usize, dir: &Path) -> anyhow::Result<()> {
         self.kill_replica(i);

@@ -258,10 +258,16 @@ async fn expand_grows_every_replica() -> anyhow::Result<()> {
     write_random(&dev, &mut past, OLD, 4 * MIB, 500, seed ^ 3).await;
     dev.disconnect().await;
 
-    // Restart everything at the new size; every replica must hold the same data.
+    // Restart everything at the new size; every replica must hold the same data. The
+    // replicas stop cleanly: one killed within 50 ms of the engine's last flush has not yet
+    // recorded that flush (its checksums' fdatasync runs in the background, and until then
+    // the flush's regions stay dirty on disk), so it would come back with a lower flush
+    // number than the others until an engine reconciles them (`replica/src/store/sumsync.rs`),
+    // and this test is about expand, not crashes (those are in engine_crash.rs).
     c.engine_mut().terminate(Duration::from_secs(30))?;
     c.size = NEW;
     for i in 0..3 {
+        c.stop_replica(i)?;
         c.restart_replica(i)?;
     }
     for i in 0..3 {
