@@ -68,8 +68,9 @@ async fn a_full_disk_gives_enospc_keeps_reads_and_trim_and_recovers() -> anyhow:
     }
     let addrs: Vec<_> = replicas.iter().map(|r| r.addr).collect();
     let cfg = EngineConfig::new("vol-full", size, &addrs);
-    let engine = EngineProcess::start(&cfg, &tmp.path().join("engine.log"))?;
-    let dev = engine.nbd_client().await?;
+    let engine_log = tmp.path().join("engine.log");
+    let mut engine = EngineProcess::start(&cfg, &engine_log)?;
+    let mut dev = engine.nbd_client().await?;
 
     let mut at = 0;
     let full = loop {
@@ -102,6 +103,31 @@ async fn a_full_disk_gives_enospc_keeps_reads_and_trim_and_recovers() -> anyhow:
             "MiB {m} after the disk filled"
         );
     }
+    // The write that failed went part way on each replica (about 900 KiB of its MiB fit):
+    // every block of it reads as before (zeros) or as the new bytes, never as an error, now
+    // and after every replica restarts with that range's regions flushed clean. Before, the
+    // blocks that took the new bytes stayed in the head file with no checksum of theirs and
+    // held the last free space: the flush that followed failed with EIO.
+    let failed = fill(0x11 + (at / MIB) as u8, MIB);
+    assert_old_or_new(&dev, at, &failed, "the failed write's range").await;
+    dev.flush().await?;
+    dev.disconnect().await;
+    engine.terminate(Duration::from_secs(30))?;
+    for (r, dir) in replicas.iter_mut().zip(0..3u8) {
+        let addr = r.addr;
+        r.terminate(Duration::from_secs(30))?;
+        *r = ReplicaProcess::start_at(&tmp.path().join(format!("disk{dir}")), size, addr, &[])?;
+    }
+    engine = EngineProcess::start(&cfg, &engine_log)?;
+    dev = engine.nbd_client().await?;
+    assert_old_or_new(
+        &dev,
+        at,
+        &failed,
+        "the failed write's range, after a restart",
+    )
+    .await;
+
     dev.unmap(0, 12 * MIB).await?;
     dev.flush().await?;
     // Space is back: the write that failed goes through now, and reads back.
@@ -115,6 +141,28 @@ async fn a_full_disk_gives_enospc_keeps_reads_and_trim_and_recovers() -> anyhow:
     drop(engine);
     drop(replicas);
     Ok(())
+}
+
+/// Reads `new.len()` bytes at `at` and asserts every 4 KiB block is all zeros (as before a
+/// write that failed) or the block of `new` there.
+async fn assert_old_or_new(dev: &impl BlockDevice, at: u64, new: &[u8], what: &str) {
+    let got = match dev.read(at, new.len() as u64).await {
+        Ok(got) => got,
+        Err(e) => panic!("{what}: the read failed: {e:?}"),
+    };
+    let (mut old, mut took) = (0, 0);
+    for (i, (g, n)) in got.chunks(4096).zip(new.chunks(4096)).enumerate() {
+        if g.iter().all(|&b| b == 0) {
+            old += 1;
+        } else {
+            assert_eq!(
+                g, n,
+                "{what}: block {i} is neither its old nor its new bytes"
+            );
+            took += 1;
+        }
+    }
+    eprintln!("{what}: {old} blocks read as before the write, {took} as the new bytes");
 }
 
 /// An expansion beyond what the replicas' filesystem can hold (ext4 and tmpfs take files up

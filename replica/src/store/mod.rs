@@ -743,10 +743,10 @@ impl Replica {
             (c.head_file(), c.head_sums())
         };
         let len = data.len();
-        self.io
-            .write_bytes_at(&head, offset, data)
-            .await
-            .map_err(io_err(format!("write {len} bytes at {offset}")))?;
+        if let Err(e) = self.io.write_bytes_at(&head, offset, data).await {
+            self.settle_failed_write(&head, &head_sums, range).await;
+            return Err(io_err(format!("write {len} bytes at {offset}"))(e));
+        }
         times.since(Step::WriteData, marked);
         if self.io.checksums() {
             self.stage_head_sums(&head_sums, offset / BLOCK_SIZE, &sums);
@@ -759,6 +759,68 @@ impl Replica {
         }
         self.forget_adopted(range);
         Ok(())
+    }
+
+    /// After a write to the head failed part way (a full disk: some of its pages may hold the
+    /// new bytes, the rest not), makes every block of `range` read back without a checksum
+    /// failure, now and after a restart: a block the head did not hold before gets its hole
+    /// back, so it reads as it did before the write (from a snapshot below, or zeros); a block
+    /// it held gets the sum of what it holds now (its old bytes or the new ones: a failed
+    /// write leaves either, and the client was told it failed). Without this, a block that
+    /// took the new bytes kept the old sum, and once that block's region was flushed clean a
+    /// read of it failed as corrupt on every replica whose disk had filled: a medium error
+    /// for data nobody damaged. If settling fails too, the replica is lost (the engine fails
+    /// it and rebuilds it): its data and sums may disagree. The caller holds the gate and
+    /// the range's region ticket.
+    async fn settle_failed_write(
+        &self,
+        head: &Arc<DataFile>,
+        head_sums: &Arc<SumFile>,
+        range: Range<u64>,
+    ) {
+        let pieces = self.chain().head_extents.segments(blocks(&range));
+        for (piece, held) in pieces {
+            let bytes = to_bytes(piece);
+            let settled = match held {
+                None => {
+                    let (f, b) = (head.clone(), bytes.clone());
+                    blocking("punch hole", move || {
+                        fsops::punch_hole(f.file(), b.clone())
+                            .map_err(io_err(format!("punch hole {}..{}", b.start, b.end)))
+                    })
+                    .await
+                }
+                Some(()) if self.io.checksums() => {
+                    let len = (bytes.end - bytes.start) as usize;
+                    match self
+                        .io
+                        .read_at(head, bytes.start, AlignedBuf::for_overwrite(len))
+                        .await
+                    {
+                        Ok(now) => {
+                            let sums = BlockSums::of(&now)
+                                .expect("invariant: whole blocks read back whole");
+                            self.stage_head_sums(head_sums, bytes.start / BLOCK_SIZE, &sums);
+                            Ok(())
+                        }
+                        Err(e) => Err(ReplicaError::io(
+                            format!("read back {len} bytes at {}", bytes.start),
+                            e,
+                        )),
+                    }
+                }
+                Some(()) => Ok(()),
+            };
+            if let Err(e) = settled {
+                let _ = self.mark_lost(format!(
+                    "a write failed part way at {}..{} and its blocks could not be settled: {e}",
+                    bytes.start, bytes.end
+                ));
+                return;
+            }
+            tracing::info!(dir = %self.dir.display(), start = bytes.start, end = bytes.end,
+                held = held.is_some(), "settled the blocks of a failed write");
+        }
     }
 
     /// Makes the range read as zeros, freeing space in the head where no snapshot holds data
