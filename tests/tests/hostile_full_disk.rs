@@ -116,7 +116,19 @@ async fn a_full_disk_gives_enospc_keeps_reads_and_trim_and_recovers() -> anyhow:
     for (r, dir) in replicas.iter_mut().zip(0..3u8) {
         let addr = r.addr;
         r.terminate(Duration::from_secs(30))?;
-        *r = ReplicaProcess::start_at(&tmp.path().join(format!("disk{dir}")), size, addr, &[])?;
+        let dir = tmp.path().join(format!("disk{dir}"));
+        // The port may linger for a moment after the exit; retry the bind briefly.
+        let mut tries = 0;
+        *r = loop {
+            match ReplicaProcess::start_at(&dir, size, addr, &[]) {
+                Ok(started) => break started,
+                Err(e) if tries >= 50 => return Err(e),
+                Err(_) => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        };
     }
     engine = EngineProcess::start(&cfg, &engine_log)?;
     dev = engine.nbd_client().await?;
