@@ -345,6 +345,10 @@ pub struct IoConfig {
     /// every layer unverified before it serves (so the sums it stops keeping are never
     /// trusted again) and a later open with checksums on computes them anew.
     pub checksums: bool,
+    /// How often a replica fdatasyncs the checksum file of its flushed writes and records
+    /// those flushes (`store/sumsync.rs`). Tests that model a power cut between a flush and
+    /// that fdatasync set it long.
+    pub sums_sync_interval: std::time::Duration,
 }
 
 impl Default for IoConfig {
@@ -356,6 +360,7 @@ impl Default for IoConfig {
             max_chunk: MAX_CHUNK,
             cache: CacheMode::default(),
             checksums: true,
+            sums_sync_interval: crate::store::SUMS_SYNC_INTERVAL,
         }
     }
 }
@@ -378,6 +383,7 @@ pub struct IoEngine {
     inner: Arc<Executor>,
     cache: CacheMode,
     checksums: bool,
+    sums_sync_interval: std::time::Duration,
     /// Where writes and flushes spend their time, for every replica served with this engine
     /// (`pathtime.rs`).
     times: Arc<PathTimes>,
@@ -440,6 +446,7 @@ impl IoEngine {
             inner: Arc::new(executor),
             cache: config.cache,
             checksums: config.checksums,
+            sums_sync_interval: config.sums_sync_interval,
             times: Arc::default(),
         })
     }
@@ -452,6 +459,11 @@ impl IoEngine {
     /// Whether replicas opened with this engine keep checksums ([`IoConfig::checksums`]).
     pub fn checksums(&self) -> bool {
         self.checksums
+    }
+
+    /// [`IoConfig::sums_sync_interval`].
+    pub fn sums_sync_interval(&self) -> std::time::Duration {
+        self.sums_sync_interval
     }
 
     /// The write and flush step counters of this process (`pathtime.rs`).

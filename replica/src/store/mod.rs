@@ -64,6 +64,7 @@ mod tests;
 pub use extent::ExtentMap;
 pub use integrity::{BadBlock, LayerData, ScrubReport};
 pub use meta::LayerId;
+pub use sumsync::SUMS_SYNC_INTERVAL;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Range;

@@ -35,12 +35,13 @@ pub const SUMS_SYNC_INTERVAL: Duration = Duration::from_millis(50);
 
 impl Replica {
     /// fdatasyncs the head's checksum file when flushes are waiting to be recorded, every
-    /// [`SUMS_SYNC_INTERVAL`], until the replica is closed or dropped.
+    /// [`SUMS_SYNC_INTERVAL`] (the engine's `IoConfig::sums_sync_interval`), until the replica is closed or dropped.
     pub(super) fn spawn_sums_sync(self: &Arc<Self>) {
         let weak: Weak<Replica> = Arc::downgrade(self);
+        let every = self.io.sums_sync_interval();
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(SUMS_SYNC_INTERVAL).await;
+                tokio::time::sleep(every).await;
                 let Some(r) = weak.upgrade() else { return };
                 if r.check_open().is_err() || r.lost().is_some() {
                     return;
