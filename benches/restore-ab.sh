@@ -101,21 +101,7 @@ region=$((256 * mib))
 [ "$region" -le $((data / 2)) ] || region=$((data / 2 / mib * mib))
 region_off=$((data / 4 / mib * mib))
 head -c "$region" < <(openssl enc -aes-128-ctr -nosalt -pass pass:zebu-backup-bench-2 -in /dev/zero 2>/dev/null) >"$WORKDIR/region.bin"
-python3 - "$img2" "$WORKDIR/region.bin" "$region_off" "$bytes" "$WORKDIR/qemu-io.cmds" "$region" <<'PY'
-import random, sys
-img, region, off, size, cmds, rlen = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
-rnd = random.Random(16)
-with open(img, "r+b") as f, open(cmds, "w") as c:
-    f.seek(off)
-    f.write(open(region, "rb").read())
-    c.write(f"write -q -s {region} {off} {rlen}\n")
-    for i in range(2000):
-        at = rnd.randrange(size // 4096) * 4096
-        pat = i % 250 + 1
-        f.seek(at)
-        f.write(bytes([pat]) * 4096)
-        c.write(f"write -q -P {pat} {at} 4096\n")
-PY
+python3 benches/backup-case-changes.py "$img2" "$WORKDIR/region.bin" "$region_off" "$bytes" "$WORKDIR/qemu-io.cmds" "$region" >/dev/null
 qemu_args=()
 while IFS= read -r line; do qemu_args+=(-c "$line"); done <"$WORKDIR/qemu-io.cmds"
 qemu-io -f raw "${qemu_args[@]}" "$ep" >"$WORKDIR/qemu-io.out" 2>&1

@@ -263,6 +263,16 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ReplicaErro
     move |e| ReplicaError::io(what, e)
 }
 
+/// Frees `bytes` of a layer file (they read as zeros), off the async threads.
+async fn punch_hole(file: &Arc<DataFile>, bytes: Range<u64>) -> Result<()> {
+    let f = file.clone();
+    blocking("punch hole", move || {
+        fsops::punch_hole(f.file(), bytes.clone())
+            .map_err(io_err(format!("punch hole {}..{}", bytes.start, bytes.end)))
+    })
+    .await
+}
+
 /// Runs blocking filesystem work off the async threads.
 async fn blocking<T: Send + 'static>(
     what: &str,
@@ -783,14 +793,7 @@ impl Replica {
         for (piece, held) in pieces {
             let bytes = to_bytes(piece);
             let settled = match held {
-                None => {
-                    let (f, b) = (head.clone(), bytes.clone());
-                    blocking("punch hole", move || {
-                        fsops::punch_hole(f.file(), b.clone())
-                            .map_err(io_err(format!("punch hole {}..{}", b.start, b.end)))
-                    })
-                    .await
-                }
+                None => punch_hole(head, bytes.clone()).await,
                 Some(()) if self.io.checksums() => {
                     let len = (bytes.end - bytes.start) as usize;
                     match self
@@ -912,13 +915,7 @@ impl Replica {
                 }
                 self.chain_mut().head_extents.insert(piece, ());
             } else {
-                let f = head.clone();
-                let b = bytes.clone();
-                blocking("punch hole", move || {
-                    fsops::punch_hole(f.file(), b.clone())
-                        .map_err(io_err(format!("punch hole {}..{}", b.start, b.end)))
-                })
-                .await?;
+                punch_hole(&head, bytes.clone()).await?;
                 self.chain_mut().head_extents.remove(piece);
             }
         }
