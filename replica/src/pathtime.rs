@@ -102,6 +102,9 @@ impl Step {
     }
 }
 
+/// One step's counters, a cache line to itself: the replica's threads add to different steps
+/// at once, and counters sharing a line would make every add a cache-line transfer.
+#[repr(align(64))]
 struct Counter {
     count: AtomicU64,
     ns: AtomicU64,

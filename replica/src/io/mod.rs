@@ -560,6 +560,25 @@ impl IoEngine {
         rx.await.map_err(|_| backend_stopped())?
     }
 
+    /// `fdatasync` for a caller that waits on it (a flush being answered): the call is made
+    /// on the caller's own thread, the runtime's other work moved off it meanwhile
+    /// (`block_in_place`), where the runtime has more than one thread; elsewhere as
+    /// [`IoEngine::sync`].
+    ///
+    /// Why: through a ring, an `fdatasync` crosses four threads (the caller, the ring's
+    /// thread, an io-wq worker, which io_uring always gives a sync to, and back), and on a
+    /// VM every wake-up of a halted vCPU is an interrupt through the hypervisor. Measured at
+    /// QD 1 write + flush on three replicas (benches/README.md, durable-bench).
+    pub async fn sync_waited(&self, file: &Arc<DataFile>) -> std::io::Result<()> {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        let multi =
+            Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+        if !multi {
+            return self.sync(file).await;
+        }
+        tokio::task::block_in_place(|| file.file().sync_data())
+    }
+
     /// `fdatasync`: every write that completed before this call is durable when it returns.
     pub async fn sync(&self, file: &Arc<DataFile>) -> std::io::Result<()> {
         let (reply, rx) = oneshot::channel();

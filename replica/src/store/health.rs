@@ -6,18 +6,19 @@
 //! reads as zeros past the cut, with status OK. Neither may happen silently.
 //!
 //! [`Replica::check_files`] looks at every open layer file and checksum file through its
-//! descriptor (`fstat`): a link count of 0 means unlinked, a layer file shorter than its
+//! descriptor (a `statx` of size and link count only: `fsops::size_links` says why): a link count of 0 means unlinked, a layer file shorter than its
 //! layer's size means truncated (layer files are created at their full, sparse, size and
-//! never shrink while open). It runs before a flush is answered and every
-//! [`CHECK_INTERVAL`] on a timer, so an idle replica notices too. The first finding makes the
+//! never shrink while open). The head's files are checked before a flush is answered (a
+//! flush must never be answered for data that went into a file that is gone), every file
+//! every [`CHECK_INTERVAL`] on a timer, so an idle replica notices too. The first finding makes the
 //! replica *lost* for good: every later request fails with [`ReplicaError::Lost`] (an I/O
 //! error, so the engine makes it ERR and serves from the others) until the process is
 //! restarted on a directory an operator has repaired or replaced.
 
-use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use super::fsops::size_links;
 use super::{LayerId, Replica};
 use crate::error::{ReplicaError, Result};
 
@@ -44,6 +45,18 @@ impl Replica {
     /// Checks every open layer and checksum file (module docs); the first problem found makes
     /// the replica lost and is returned.
     pub fn check_files(&self) -> Result<()> {
+        self.check_files_where(|_| true)
+    }
+
+    /// Checks the head's layer and checksum files only: what a flush makes durable. The
+    /// snapshots' files take no writes, so the timer's whole check covers them; this keeps a
+    /// flush's cost the same however long the chain is.
+    pub(super) fn check_head_files(&self) -> Result<()> {
+        let head = self.chain().head;
+        self.check_files_where(|id| id == head)
+    }
+
+    fn check_files_where(&self, wanted: impl Fn(LayerId) -> bool) -> Result<()> {
         self.check_not_lost()?;
         let files: Vec<(LayerId, u64, _, _)> = {
             let meta = self.meta();
@@ -51,6 +64,7 @@ impl Replica {
             chain
                 .files
                 .iter()
+                .filter(|(id, _)| wanted(**id))
                 .map(|(id, f)| {
                     let size = meta.layer(*id).map_or(0, |l| l.size);
                     (*id, size, f.clone(), chain.sums.get(id).cloned())
@@ -59,18 +73,18 @@ impl Replica {
         };
         for (id, size, file, sums) in files {
             let name = id.file_name();
-            let why = match file.file().metadata() {
+            let why = match size_links(file.file()) {
                 Err(e) => Some(format!("cannot stat {name}: {e}")),
-                Ok(m) if m.nlink() == 0 => Some(format!(
+                Ok(m) if m.nlink == 0 => Some(format!(
                     "{name} was unlinked from {} while open",
                     self.dir.display()
                 )),
-                Ok(m) if m.len() < size => Some(format!(
+                Ok(m) if m.len < size => Some(format!(
                     "{name} was truncated to {} bytes, below its layer's {size}",
-                    m.len()
+                    m.len
                 )),
-                Ok(_) => match sums.map(|s| s.data_file().file().metadata()) {
-                    Some(Ok(m)) if m.nlink() == 0 => Some(format!(
+                Ok(_) => match sums.map(|s| size_links(s.data_file().file())) {
+                    Some(Ok(m)) if m.nlink == 0 => Some(format!(
                         "the checksum file of {name} was unlinked while open"
                     )),
                     _ => None,

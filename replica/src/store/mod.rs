@@ -938,7 +938,7 @@ impl Replica {
         let t3 = Instant::now();
         times.add(Step::FlushSync, t3 - t2);
         // Never a durable flush over files that are gone (`health.rs`).
-        self.check_files()?;
+        self.check_head_files()?;
         let t4 = Instant::now();
         times.add(Step::FlushCheck, t4 - t3);
         if self.io.checksums() {
@@ -964,18 +964,20 @@ impl Replica {
         let times = self.io.times();
         let started = Instant::now();
         let checksums = self.io.checksums();
-        let (data, sums) = tokio::join!(
-            async {
-                let r = self.io.sync(&head).await;
-                times.since(Step::FlushHeadSync, started);
-                r
-            },
+        // The sums first: their write-back is a copy into the page cache, inline when small,
+        // and the head's fdatasync may block this task's thread (`sync_waited`).
+        let (sums, data) = tokio::join!(
             async {
                 if !checksums {
                     return Ok(());
                 }
                 let r = self.write_back_sums(&sums).await;
                 times.since(Step::FlushSumsSync, started);
+                r
+            },
+            async {
+                let r = self.io.sync_waited(&head).await;
+                times.since(Step::FlushHeadSync, started);
                 r
             }
         );
@@ -1314,7 +1316,9 @@ fn open_files(d: &Path, cache: CacheMode, checksums: bool) -> Result<Opened> {
         meta.store(d)?;
     }
     let head = &files[&meta.head];
-    let len = head.file().metadata().map_err(io_err("stat head"))?.len();
+    let len = fsops::size_links(head.file())
+        .map_err(io_err("stat head"))?
+        .len;
     if len != meta.size {
         head.file()
             .set_len(meta.size)

@@ -342,7 +342,7 @@ impl SumFile {
                     return Some(true);
                 }
                 // Short: past the end of the file (zeros), or only partly cached.
-                let len = self.raw().metadata().ok()?.len();
+                let len = super::fsops::size_links(self.raw()).ok()?.len;
                 return Some(at.cast_unsigned().saturating_add(n as u64) >= len);
             }
             if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
