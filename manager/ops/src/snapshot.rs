@@ -60,22 +60,6 @@ fn snapshot_items(s: pb::Snapshots) -> Vec<SnapshotInfo> {
 }
 
 impl Ops {
-    /// The control address of the running engine of `volume`.
-    async fn engine_control(&self, volume: &str) -> OpsResult<String> {
-        self.get_volume(volume).await?;
-        self.running_engine(volume)
-            .await?
-            .and_then(|e| e.status.control_address)
-            .ok_or_else(|| {
-                OpsError::precondition(
-                    volume,
-                    format!(
-                        "volume {volume:?} is not attached: snapshots are taken by its engine (zebu volume attach {volume})"
-                    ),
-                )
-            })
-    }
-
     fn engine_err(volume: &str) -> impl FnOnce(engine_rpc::EngineRpcError) -> OpsError {
         let volume = volume.to_string();
         move |source| OpsError::Engine { volume, source }
@@ -85,33 +69,52 @@ impl Ops {
     /// engine to ask, and none is started for a read), its Snapshot records, oldest first.
     /// Every snapshot is taken and deleted through this layer, which keeps the records, so
     /// the two agree on what a person asked for; labels live only in the layer chain.
+    ///
+    /// A detached volume may have an engine for a moment: one started for a snapshot or a
+    /// revert, on its way out. It is asked if it answers; if it has gone by then, the
+    /// records answer (found by `cli_up`: a list right after a snapshot of a detached volume
+    /// failed with "not attached").
     pub async fn list_snapshots(&self, volume: &str) -> OpsResult<Vec<SnapshotInfo>> {
         let v = self.get_volume(volume).await?;
-        if v.spec.node_id.is_none() && self.running_engine(volume).await?.is_none() {
-            let mut records = self.list_snapshot_records(Some(volume)).await?;
-            records.sort_by(|a, b| a.status.creation_time.cmp(&b.status.creation_time));
-            return Ok(records
-                .into_iter()
-                .map(|r| SnapshotInfo {
-                    name: r
-                        .metadata
-                        .annotations
-                        .get(SNAPSHOT_NAME_ANNOTATION)
-                        .cloned()
-                        .unwrap_or_else(|| r.metadata.name.clone()),
-                    parent: r.status.parent.unwrap_or_default(),
-                    user_created: r.status.user_created,
-                    created: r.status.creation_time.unwrap_or_default(),
-                    data_bytes: r.status.size.0,
-                    labels: Default::default(),
-                })
-                .collect());
+        let detached = v.spec.node_id.is_none();
+        let control = self
+            .running_engine(volume)
+            .await?
+            .and_then(|e| e.status.control_address);
+        match control {
+            Some(control) => match engine_rpc::snapshot_list(&control).await {
+                Ok(s) => Ok(snapshot_items(s)),
+                Err(_) if detached => self.snapshot_records_of(volume).await,
+                Err(e) => Err(Self::engine_err(volume)(e)),
+            },
+            None if detached => self.snapshot_records_of(volume).await,
+            None => Err(OpsError::precondition(
+                volume,
+                format!("volume {volume:?} is attaching: its engine is not running yet, try again"),
+            )),
         }
-        let control = self.engine_control(volume).await?;
-        let s = engine_rpc::snapshot_list(&control)
-            .await
-            .map_err(Self::engine_err(volume))?;
-        Ok(snapshot_items(s))
+    }
+
+    /// A detached volume's snapshots, from its Snapshot records, oldest first.
+    async fn snapshot_records_of(&self, volume: &str) -> OpsResult<Vec<SnapshotInfo>> {
+        let mut records = self.list_snapshot_records(Some(volume)).await?;
+        records.sort_by(|a, b| a.status.creation_time.cmp(&b.status.creation_time));
+        Ok(records
+            .into_iter()
+            .map(|r| SnapshotInfo {
+                name: r
+                    .metadata
+                    .annotations
+                    .get(SNAPSHOT_NAME_ANNOTATION)
+                    .cloned()
+                    .unwrap_or_else(|| r.metadata.name.clone()),
+                parent: r.status.parent.unwrap_or_default(),
+                user_created: r.status.user_created,
+                created: r.status.creation_time.unwrap_or_default(),
+                data_bytes: r.status.size.0,
+                labels: Default::default(),
+            })
+            .collect())
     }
 
     pub async fn create_snapshot(

@@ -58,13 +58,19 @@ impl Replica {
 
     /// Makes the sums of every flush completed so far durable and records the last of them in
     /// the region record; nothing when there is nothing to record.
-    async fn sync_flushed_sums(&self) -> crate::Result<()> {
+    pub(super) async fn sync_flushed_sums(&self) -> crate::Result<()> {
         let target = self.regions.flushed();
         if target <= self.regions.recorded() {
             return Ok(());
         }
         // Shared with I/O; a snapshot or close (exclusive) syncs and records by itself.
         let _g = self.gate.read().await;
+        // A close marks the replica closed before it waits for the gate, so this task can
+        // get here after it, with nothing left to do: the close syncs and records. Not an
+        // error: as one, it made the replica lost and the close fail.
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
         self.check_open()?;
         // Every write covered by `target` had its sums written back into this file by the
         // flush that completed it (a snapshot since then synced the old head's file itself).
