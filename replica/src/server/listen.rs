@@ -45,6 +45,14 @@ use super::{ReplicaServer, frames};
 /// How long a new connection may take to send its first byte.
 const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// HTTP/2 flow control of the gRPC port, for what clients send to it: a restore or a rebuild
+/// streams whole layers into `WriteLayer` in 4 MiB messages. With the defaults (64 KiB
+/// windows, 16 KiB frames) a 4 MiB message is 256 frames and 64 window updates. What a
+/// connection may have buffered here is bounded by the connection window.
+const GRPC_STREAM_WINDOW: u32 = 4 << 20;
+const GRPC_CONNECTION_WINDOW: u32 = 8 << 20;
+const GRPC_MAX_FRAME: u32 = 1 << 20;
+
 impl ReplicaServer {
     /// Serves gRPC and data frames on `listener` until `shutdown` completes and the gRPC
     /// connections have finished (frames connections end when the replica closes, which
@@ -56,6 +64,9 @@ impl ReplicaServer {
     ) -> Result<(), tonic::transport::Error> {
         let (grpc_tx, grpc_rx) = mpsc::channel::<std::io::Result<Conn>>(64);
         let grpc = tonic::transport::Server::builder()
+            .initial_stream_window_size(Some(GRPC_STREAM_WINDOW))
+            .initial_connection_window_size(Some(GRPC_CONNECTION_WINDOW))
+            .max_frame_size(Some(GRPC_MAX_FRAME))
             .add_service(self.clone().into_service())
             .serve_with_incoming_shutdown(ReceiverStream::new(grpc_rx), shutdown);
         let local = self.bind_local();
