@@ -561,14 +561,17 @@ impl IoEngine {
     }
 
     /// `fdatasync` for a caller that waits on it (a flush being answered): the call is made
-    /// on the caller's own thread, the runtime's other work moved off it meanwhile
-    /// (`block_in_place`), where the runtime has more than one thread; elsewhere as
-    /// [`IoEngine::sync`].
+    /// by a task of its own on a runtime thread, the runtime's other work moved off that
+    /// thread meanwhile (`block_in_place`), where the runtime has more than one thread;
+    /// elsewhere as [`IoEngine::sync`].
     ///
     /// Why: through a ring, an `fdatasync` crosses four threads (the caller, the ring's
     /// thread, an io-wq worker, which io_uring always gives a sync to, and back), and on a
     /// VM every wake-up of a halted vCPU is an interrupt through the hypervisor. Measured at
-    /// QD 1 write + flush on three replicas (benches/README.md, durable-bench).
+    /// QD 1 write + flush on three replicas (benches/README.md, durable-bench). A task of its
+    /// own, because `block_in_place` blocks the whole task that calls it: a frames
+    /// connection runs all its requests in one task, and its reads and writes must go on
+    /// while a flush waits for the disk.
     pub async fn sync_waited(&self, file: &Arc<DataFile>) -> std::io::Result<()> {
         use tokio::runtime::{Handle, RuntimeFlavor};
         let multi =
@@ -576,7 +579,10 @@ impl IoEngine {
         if !multi {
             return self.sync(file).await;
         }
-        tokio::task::block_in_place(|| file.file().sync_data())
+        let file = file.clone();
+        tokio::spawn(async move { tokio::task::block_in_place(|| file.file().sync_data()) })
+            .await
+            .map_err(|e| std::io::Error::other(format!("the fdatasync task failed: {e}")))?
     }
 
     /// `fdatasync`: every write that completed before this call is durable when it returns.

@@ -6,14 +6,15 @@
 //! reads as zeros past the cut, with status OK. Neither may happen silently.
 //!
 //! [`Replica::check_files`] looks at every open layer file and checksum file through its
-//! descriptor (a `statx` of size and link count only: `fsops::size_links` says why): a link count of 0 means unlinked, a layer file shorter than its
-//! layer's size means truncated (layer files are created at their full, sparse, size and
-//! never shrink while open). The head's files are checked before a flush is answered (a
-//! flush must never be answered for data that went into a file that is gone), every file
-//! every [`CHECK_INTERVAL`] on a timer, so an idle replica notices too. The first finding makes the
-//! replica *lost* for good: every later request fails with [`ReplicaError::Lost`] (an I/O
-//! error, so the engine makes it ERR and serves from the others) until the process is
-//! restarted on a directory an operator has repaired or replaced.
+//! descriptor (a `statx` of size and link count only: `fsops::size_links` says why): a link
+//! count of 0 means unlinked, a layer file shorter than its layer's size means truncated
+//! (layer files are created at their full, sparse, size and never shrink while open). The
+//! head's files are checked before a flush is answered (a flush must never be answered for
+//! data that went into a file that is gone), every file every [`CHECK_INTERVAL`] on a timer,
+//! so an idle replica notices too. The first finding makes the replica *lost* for good:
+//! every later request fails with [`ReplicaError::Lost`] (an I/O error, so the engine makes
+//! it ERR and serves from the others) until the process is restarted on a directory an
+//! operator has repaired or replaced.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
