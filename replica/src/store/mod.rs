@@ -964,8 +964,8 @@ impl Replica {
         let times = self.io.times();
         let started = Instant::now();
         let checksums = self.io.checksums();
-        // The sums first: their write-back is a copy into the page cache, inline when small,
-        // and the head's fdatasync may block this task's thread (`sync_waited`).
+        // Both at once: the sums' write-back is a copy into the page cache while the head's
+        // fdatasync waits for the disk (`sync_waited`).
         let (sums, data) = tokio::join!(
             async {
                 if !checksums {

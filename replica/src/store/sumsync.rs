@@ -71,7 +71,7 @@ impl Replica {
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(());
         }
-        self.check_open()?;
+        self.check_not_lost()?;
         // Every write covered by `target` had its sums written back into this file by the
         // flush that completed it (a snapshot since then synced the old head's file itself).
         let sums = self.chain().head_sums();
