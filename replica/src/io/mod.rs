@@ -67,6 +67,7 @@ pub use buf::AlignedBuf;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -561,23 +562,29 @@ impl IoEngine {
     }
 
     /// `fdatasync` for a caller that waits on it (a flush being answered): the call is made
-    /// by a task of its own on a runtime thread, the runtime's other work moved off that
-    /// thread meanwhile (`block_in_place`), where the runtime has more than one thread;
-    /// elsewhere as [`IoEngine::sync`].
+    /// on a runtime thread, the runtime's other work moved off that thread meanwhile
+    /// (`block_in_place`), where the runtime has more than one thread; elsewhere as
+    /// [`IoEngine::sync`]. Made by the calling task itself when it serves a frames
+    /// connection with nothing else in flight ([`ConnectionLoad`]), else by a task of its own.
     ///
     /// Why: through a ring, an `fdatasync` crosses four threads (the caller, the ring's
     /// thread, an io-wq worker, which io_uring always gives a sync to, and back), and on a
     /// VM every wake-up of a halted vCPU is an interrupt through the hypervisor. Measured at
     /// QD 1 write + flush on three replicas (benches/README.md, durable-bench). A task of its
-    /// own, because `block_in_place` blocks the whole task that calls it: a frames
-    /// connection runs all its requests in one task, and its reads and writes must go on
-    /// while a flush waits for the disk.
+    /// own when the connection has other requests, because `block_in_place` blocks the whole
+    /// task that calls it: a frames connection runs all its requests in one task, and its
+    /// reads and writes must go on while a flush waits for the disk. Alone, the call saves
+    /// that task's wake-up; a request that arrives meanwhile waits in the socket for the one
+    /// `fdatasync`, as it would wait for a disk that is flushing.
     pub async fn sync_waited(&self, file: &Arc<DataFile>) -> std::io::Result<()> {
         use tokio::runtime::{Handle, RuntimeFlavor};
         let multi =
             Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
         if !multi {
             return self.sync(file).await;
+        }
+        if ConnectionLoad::current_is_alone() {
+            return tokio::task::block_in_place(|| file.file().sync_data());
         }
         let file = file.clone();
         tokio::spawn(async move { tokio::task::block_in_place(|| file.file().sync_data()) })
@@ -593,6 +600,49 @@ impl IoEngine {
             reply,
         });
         rx.await.map_err(|_| backend_stopped())?
+    }
+}
+
+tokio::task_local! {
+    /// The load of the frames connection whose task polls the current request, if any.
+    static CONNECTION: ConnectionLoad;
+}
+
+/// The requests a frames connection has read and not yet answered: whether a flush may
+/// block the connection's task for its `fdatasync` ([`IoEngine::sync_waited`]).
+#[derive(Clone, Debug, Default)]
+pub struct ConnectionLoad(Arc<AtomicUsize>);
+
+/// One request counted in a [`ConnectionLoad`] until this is dropped.
+#[derive(Debug)]
+pub struct LoadGuard(Arc<AtomicUsize>);
+
+impl ConnectionLoad {
+    /// Counts one request read off the connection, until the guard is dropped.
+    pub fn enter(&self) -> LoadGuard {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        LoadGuard(self.0.clone())
+    }
+
+    /// Runs `f` (one request of this connection) with this load as the current one.
+    pub fn scope<F: std::future::Future>(
+        &self,
+        f: F,
+    ) -> tokio::task::futures::TaskLocalFuture<ConnectionLoad, F> {
+        CONNECTION.scope(self.clone(), f)
+    }
+
+    /// True when the current request is the only one its connection has in flight.
+    fn current_is_alone() -> bool {
+        CONNECTION
+            .try_with(|c| c.0.load(Ordering::Relaxed) == 1)
+            .unwrap_or(false)
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

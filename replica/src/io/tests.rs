@@ -363,3 +363,21 @@ fn a_layer_file_is_locked_until_every_reference_to_its_holder_is_gone() {
     lock_layer(&second, &path, std::time::Duration::from_secs(5)).expect("released");
     release.join().expect("release thread");
 }
+
+#[test]
+fn a_request_is_alone_only_while_its_connection_has_nothing_else_in_flight() {
+    let load = ConnectionLoad::default();
+    let alone = || async { ConnectionLoad::current_is_alone() };
+    rt().block_on(async {
+        // Outside any connection (gRPC, a rebuild, the store's own tasks): never alone.
+        assert!(!alone().await);
+        let first = load.enter();
+        assert!(load.scope(alone()).await, "one request in flight is alone");
+        let second = load.enter();
+        assert!(!load.scope(alone()).await, "two in flight are not");
+        drop(first);
+        assert!(load.scope(alone()).await, "the other answered: alone again");
+        drop(second);
+        assert!(!load.scope(alone()).await, "nothing counted: not a request of it");
+    });
+}

@@ -54,7 +54,7 @@ use zebu_proto::replica as pb;
 
 use super::data;
 use super::{MAX_IN_FLIGHT, Shared};
-use crate::io::{AlignedBuf, IO_ALIGN};
+use crate::io::{AlignedBuf, ConnectionLoad, IO_ALIGN, LoadGuard};
 use crate::pathtime::{PathTimes, Step};
 
 /// How long a new connection may take to send its hello.
@@ -258,7 +258,9 @@ where
     let mut running = FuturesUnordered::new();
     // A request read (and when) but not started: the budget is spent until answers are
     // written.
-    let mut waiting: Option<((Request, Instant), u32)> = None;
+    let mut waiting: Option<((Request, Instant, LoadGuard), u32)> = None;
+    // Every request from read to answer: a flush alone in it syncs in this task.
+    let load = ConnectionLoad::default();
     let mut end: Option<Response> = None;
     let mut eof = false;
     let mut out = Outbox {
@@ -270,17 +272,18 @@ where
     // Starts a request read off the socket, or parks it until the budget allows.
     let start = |req: Request,
                  running: &mut FuturesUnordered<_>,
-                 waiting: &mut Option<((Request, Instant), u32)>| {
+                 waiting: &mut Option<((Request, Instant, LoadGuard), u32)>| {
         let units = data::request_units(&req);
+        let counted = load.enter();
         match try_acquire(&count, &bytes, units) {
-            Some(p) => running.push(execute(
+            Some(p) => running.push(load.scope(execute(
                 shared.clone(),
                 generation,
                 closes,
-                (req, Instant::now()),
+                (req, Instant::now(), counted),
                 p,
-            )),
-            None => *waiting = Some(((req, Instant::now()), units)),
+            ))),
+            None => *waiting = Some(((req, Instant::now(), counted), units)),
         }
     };
     loop {
@@ -341,7 +344,7 @@ where
             }
             permits = acquire(&count, &bytes, waiting.as_ref().map_or(1, |w| w.1)), if waiting.is_some() => {
                 let (req, _) = waiting.take().expect("invariant: the branch runs only when waiting");
-                running.push(execute(shared.clone(), generation, closes, req, permits));
+                running.push(load.scope(execute(shared.clone(), generation, closes, req, permits)));
             }
             next = reader.next(), if reading && waiting.is_none() => match next {
                 Ok(Some(req)) => start(req, &mut running, &mut waiting),
@@ -382,7 +385,7 @@ async fn execute(
     shared: Arc<Shared>,
     generation: u64,
     closes: u64,
-    (req, received): (Request, Instant),
+    (req, received, _counted): (Request, Instant, LoadGuard),
     permits: Permits,
 ) -> Answer {
     let answer_step = match req.op {
