@@ -53,9 +53,10 @@ enum Command {
         /// File I/O back end.
         #[arg(long, value_enum, default_value_t = IoArg::Auto)]
         io: IoArg,
-        /// How layer files meet the disk: `page` writes into the page cache and makes it
-        /// durable at each flush; `direct` opens them with O_DIRECT. Both keep the flush
-        /// contract.
+        /// How the head's layer file meets the disk: `page` writes into the page cache and
+        /// makes it durable at each flush; `direct` opens it with O_DIRECT. Both keep the
+        /// flush contract. Snapshot layers found at start, and layers written by a restore
+        /// or a rebuild, use O_DIRECT either way.
         #[arg(long, value_enum, default_value_t = CacheArg::Page)]
         cache: CacheArg,
         /// Keep and check block checksums. `off` is for measuring what they cost: nothing

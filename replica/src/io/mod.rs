@@ -137,6 +137,10 @@ impl std::fmt::Display for Backend {
 ///   everything written since the last one.
 /// - `Direct`: `O_DIRECT` files (where the filesystem allows it), every read and write
 ///   through the back end; no page cache use, every write waits for the device.
+///
+/// The mode is the head's (a snapshot taken while running keeps the head's file as it was):
+/// snapshot layers found at start are opened `O_DIRECT` ([`DataFile::open_read_only`]), and
+/// so are layers a restore or a rebuild writes (`Replica::begin_layer`), whatever the mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CacheMode {
     Direct,

@@ -378,6 +378,9 @@ fn a_request_is_alone_only_while_its_connection_has_nothing_else_in_flight() {
         drop(first);
         assert!(load.scope(alone()).await, "the other answered: alone again");
         drop(second);
-        assert!(!load.scope(alone()).await, "nothing counted: not a request of it");
+        assert!(
+            !load.scope(alone()).await,
+            "nothing counted: not a request of it"
+        );
     });
 }

@@ -25,7 +25,7 @@ use super::{
     fsops, index_below, io_err,
 };
 use crate::error::{ReplicaError, Result};
-use crate::io::{AlignedBuf, DataFile};
+use crate::io::{AlignedBuf, CacheMode, DataFile};
 
 /// Deletes a layer's data and checksum files (after the metadata stopped naming it).
 async fn remove_layer_files(dir: &std::path::Path, id: LayerId) -> Result<()> {
@@ -527,9 +527,14 @@ impl Replica {
             spec.size.min(self.size())
         };
         let (dir, id) = (self.dir.clone(), LayerId(self.meta().next_layer_id + 1));
-        let cache = self.io.cache();
+        // Direct I/O whatever the head's cache mode: a layer written here is a whole snapshot
+        // streamed in large pieces (a restore, a rebuild), read later as every snapshot layer
+        // is (`DataFile::open_read_only`, direct too). Through the page cache, a restore of
+        // 2 GiB into three replicas put 6 GiB of dirty pages through reclaim and writeback,
+        // and cost the replicas twice the CPU when the page cache was already full
+        // (benches/README.md, "Layers written with direct I/O").
         let (file, sums) = blocking("create layer", move || {
-            create_layer_file(&dir, id, size, cache)
+            create_layer_file(&dir, id, size, CacheMode::Direct)
         })
         .await?;
         let spec = spec.clone();
