@@ -16,7 +16,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -256,9 +256,12 @@ async fn the_cache_serves_its_map_through_a_410_relists_and_converges() {
 
     // A reader asking all the time: every answer must be a whole state, old or new.
     let stop = Arc::new(AtomicBool::new(false));
+    let new_seen = Arc::new(AtomicUsize::new(0));
     let reader = {
         let cached = cached.clone();
         let stop = stop.clone();
+        let new_seen = new_seen.clone();
+        let after = after.clone();
         tokio::spawn(async move {
             let mut answers: Vec<(Instant, Result<Seen, String>)> = Vec::new();
             while !stop.load(Ordering::Relaxed) {
@@ -267,6 +270,9 @@ async fn the_cache_serves_its_map_through_a_410_relists_and_converges() {
                     .await
                     .map(|l| seen(&l.items))
                     .map_err(|e| e.to_string());
+                if r.as_ref().is_ok_and(|s| *s == after) {
+                    new_seen.fetch_add(1, Ordering::Relaxed);
+                }
                 answers.push((Instant::now(), r));
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -310,6 +316,16 @@ async fn the_cache_serves_its_map_through_a_410_relists_and_converges() {
             second.log_tail()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The reader runs into the new state too before it stops: this loop may have seen the
+    // change first (both woken in the same turn), and an order old -> new needs both.
+    let converged = Instant::now();
+    while new_seen.load(Ordering::Relaxed) < 3 {
+        assert!(
+            converged.elapsed() < Duration::from_secs(10),
+            "the reader never saw the state this loop saw, 10 s after it did"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     stop.store(true, Ordering::Relaxed);
     let answers = reader.await.expect("reader");
