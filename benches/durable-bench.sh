@@ -19,6 +19,11 @@
 #               SYNCHRONIZE CACHE after every write (--flush-interval=1). qemu-img bench
 #               writes sequentially (it has no random mode) and reports IOPS only.
 #   prev-iscsi  the same with PREV_BIN_DIR
+#   zebu-iscsi-fua  the same writes sent with FUA instead of a SYNCHRONIZE CACHE after each
+#               (`qemu-img bench -t directsync`: qemu's write-through mode sets FUA on every
+#               write when the target reports DPOFUA, as the engine's does): what a journal
+#               commit block or an O_DSYNC write costs a Linux initiator
+#   prev-iscsi-fua  the same with PREV_BIN_DIR
 #   pg-plain    PostgreSQL 15 (Debian's, /usr/lib/postgresql/15/bin) on ext4 on a file served
 #               by nbdkit's file plugin, attached through nbdfuse and a loop device with
 #               direct I/O (as tests/scripts/fs-on-nbd.sh does); pgbench scale PG_SCALE,
@@ -50,7 +55,7 @@
 # ROUNDS (3), RUNTIME (10 s per fio row, after a 1 s ramp), SIZE (1G), ISCSI_COUNT (4000
 # writes per qemu-img row), PG_SIZE (2G), PG_SCALE (20), PG_RUNTIME (20 s per pgbench run),
 # WORKDIR (a new directory under /var/tmp), TARGETS (default "file file-x3 zebu-3r prev-3r
-# zebu-iscsi prev-iscsi pg-plain pg-zebu"), ZEBU_REPLICA_ARGS, ZEBU_ENGINE_ARGS (extra words
+# zebu-iscsi prev-iscsi zebu-iscsi-fua prev-iscsi-fua pg-plain pg-zebu"), ZEBU_REPLICA_ARGS, ZEBU_ENGINE_ARGS (extra words
 # for every `serve` line), ZEBU_LOCAL_HOST (127.0.0.11).
 # Needs root for the pgbench targets (FUSE, loop devices, mount; PostgreSQL runs as the
 # `postgres` user). The machine is shared: compare rows of one run only.
@@ -67,7 +72,7 @@ pg_runtime=${PG_RUNTIME:-20}
 pg_bin=${PG_BIN:-/usr/lib/postgresql/15/bin}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORKDIR:-$(mktemp -d /var/tmp/durable-bench.XXXXXX)}
-targets=${TARGETS:-file file-x3 zebu-3r prev-3r zebu-iscsi prev-iscsi pg-plain pg-zebu}
+targets=${TARGETS:-file file-x3 zebu-3r prev-3r zebu-iscsi prev-iscsi zebu-iscsi-fua prev-iscsi-fua pg-plain pg-zebu}
 server_pids=()
 replica_pids=()
 results=$work/results.jsonl
@@ -360,13 +365,14 @@ run_target() {
             stop_server
             record "$target" "$rnd" "$json" 1 "$eb" "$ea" "$rb" "$ra"
             ;;
-        zebu-iscsi | prev-iscsi)
+        zebu-iscsi | prev-iscsi | zebu-iscsi-fua | prev-iscsi-fua)
             bin=$zebu_bin
             [[ $target == prev-* ]] && bin=$PREV_BIN_DIR
             start_zebu "$bin" "$size_bytes" fill
-            local secs
-            qemu-img bench -f raw -t none -w -d 1 -c "$iscsi_count" -s 4k -S 4k \
-                --flush-interval=1 "$iscsi_url" >"$work/$target-$rnd.txt" 2>&1 || true
+            local secs durable=(-t none --flush-interval=1)
+            [[ $target == *-fua ]] && durable=(-t directsync)
+            qemu-img bench -f raw "${durable[@]}" -w -d 1 -c "$iscsi_count" -s 4k -S 4k \
+                "$iscsi_url" >"$work/$target-$rnd.txt" 2>&1 || true
             secs=$(awk '/Run completed in/{print $4}' "$work/$target-$rnd.txt")
             stop_server
             if [[ -z $secs ]]; then
@@ -419,7 +425,7 @@ done
 size_bytes=$(numfmt --from=iec "$size")
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 log "uptime at the start: $(uptime)"
-if [[ " ${list[*]} " =~ \ (file|file-x3|zebu-3r|prev-3r|zebu-iscsi|prev-iscsi)\  ]]; then
+if [[ " ${list[*]} " =~ \ (file|file-x3|zebu-3r|prev-3r|zebu-iscsi|prev-iscsi|zebu-iscsi-fua|prev-iscsi-fua)\  ]]; then
     log "preparing $size of random data and three plain files in $work"
     head -c "$size_bytes" /dev/urandom >"$work/seed.img"
     for f in f1 f2 f3; do cp --sparse=never "$work/seed.img" "$work/$f.img"; done

@@ -43,6 +43,14 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn unmap(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<(), BlockError>>;
     /// Makes every write acknowledged before it durable.
     fn flush(&self) -> BoxFuture<'_, Result<(), BlockError>>;
+    /// Writes `data` durably (FUA): when it returns, this write survives a crash. Here a
+    /// write and then a flush of everything; a device that can do better overrides it.
+    fn write_fua(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(async move {
+            self.write(offset, data).await?;
+            self.flush().await
+        })
+    }
     /// Where the device counts the time of writes and flushes (`pathtime.rs`), for the
     /// frontend to add its own part; `None` for devices that keep no counters.
     fn path_counters(&self) -> Option<&crate::pathtime::PathCounters> {

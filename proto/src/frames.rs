@@ -18,7 +18,7 @@
 //! ```text
 //! hello, client -> server, once: 16 bytes, and from version 3 an extension area
 //!   0  [u8; 4]  magic "ZBDF"
-//!   4  u32      protocol version (1, 2 or 3; see "Versions")
+//!   4  u32      protocol version (1 to 4; see "Versions")
 //!   8  u64      generation
 //!  16  u32      extension length (version 3; <= MAX_HELLO_EXTENSIONS)
 //!  20  ...      extensions (version 3): entries of u16 kind, u16 length, `length` bytes
@@ -26,12 +26,13 @@
 //! request header, client -> server, 40 bytes, then the payload of a write
 //!   0  u8       op: 1 read, 2 write, 3 unmap, 4 flush, 5 ping (version 3)
 //!   1  u8       flags: bit 0 zero_fill (unmap only); bit 1 SUMS (write only, version 3);
-//!               other bits must be 0
+//!               bit 2 FLUSH (write only, version 4: flush after it); other bits must be 0
 //!   2  [u8; 6]  reserved, 0
 //!   8  u64      id
 //!  16  u64      offset (flush, ping: 0)
 //!  24  u64      length (read, unmap: the range; write: data bytes; flush, ping: 0)
-//!  32  u64      flush number (flush only: 0 lets the replica pick its own + 1)
+//!  32  u64      flush number (a flush, or a write with FLUSH: 0 lets the replica pick its
+//!               own + 1; other requests: 0)
 //!  a write's payload: with SUMS, length / 4096 u32 CRC32C sums of its 4 KiB blocks (length
 //!  must then be a multiple of 4096), then the `length` data bytes
 //!
@@ -74,6 +75,12 @@
 //!   answered OK by a replica that serves requests, and costs a header each way; the hello
 //!   carries an extension area, and an OK hello answer's payload carries the server's
 //!   extensions in the same form (see [`Extensions`]).
+//! - 4: a write may carry the FLUSH flag: the replica does the write, then flushes as a
+//!   flush request with the header's flush number would, and answers once, with the
+//!   number now durable in the answer's flush number. A FUA write so costs one round trip.
+//!   A client sends it only on a connection whose hello agreed version 4 ([`Batch`] does
+//!   not translate it: an older peer refuses the flag and ends the connection, which is
+//!   loud, where dropping the flush would be a silent loss).
 //!
 //! A server speaks every version from [`MIN_VERSION`] to [`VERSION`] and answers a client in
 //! the client's version: an older client never sees a ZEROS flag it does not know, and a
@@ -124,7 +131,8 @@
 //! ```
 //! use bytes::BytesMut;
 //! use zebu_proto::frames::{Decoded, Request, RequestOp, decode_request};
-//! let req = Request { id: 9, op: RequestOp::Read { offset: 4096, length: 4096 } };
+//! use zebu_proto::ids::RequestId;
+//! let req = Request { id: RequestId(9), op: RequestOp::Read { offset: 4096, length: 4096 } };
 //! let mut buf = BytesMut::from(&req.header().encode()[..]);
 //! match decode_request(&mut buf).unwrap() {
 //!     Decoded::Frame(back) => assert_eq!(back, req),
@@ -157,13 +165,15 @@ use crate::replica::{MAX_IO_BYTES, MAX_MESSAGE_BYTES, Status};
 /// HTTP/2 preface, which lets one port serve both.
 pub const MAGIC: [u8; 4] = *b"ZBDF";
 /// The newest frames protocol version this build speaks (see "Versions" above).
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// The oldest version this build still speaks.
 pub const MIN_VERSION: u32 = 1;
 /// The first version with the ZEROS answer flag.
 pub const ZEROS_VERSION: u32 = 2;
 /// The first version with SUMS, CORRUPT, ping and hello extensions.
 pub const INTEGRITY_VERSION: u32 = 3;
+/// The first version in which a write may carry FLUSH (a FUA write in one round trip).
+pub const FLUSH_WRITE_VERSION: u32 = 4;
 pub const REQUEST_HEADER_LEN: usize = 40;
 pub const RESPONSE_HEADER_LEN: usize = 32;
 /// The longest status message a response may carry; longer ones are cut by the encoder.

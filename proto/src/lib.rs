@@ -36,7 +36,7 @@ pub mod replica {
     tonic::include_proto!("zebu.replica.v1");
 
     /// The version this build speaks; see the changelog at the top of `replica.proto`.
-    pub const PROTOCOL_VERSION: u32 = 3;
+    pub const PROTOCOL_VERSION: u32 = 4;
     /// The oldest version of a gRPC data hello this build accepts.
     pub const MIN_PROTOCOL_VERSION: u32 = 1;
     /// The largest gRPC message either side sends or accepts.

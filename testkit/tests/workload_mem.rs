@@ -129,14 +129,18 @@ async fn misdirected_write_names_the_block_the_data_was_meant_for() {
 /// A device with a volatile write cache: writes land in `cache`, flush copies the cache to
 /// `disk`, and `crash` throws away unflushed writes — some of them, chosen by `keep`, so a
 /// crashed device holds a mix of old and new blocks like a real one would.
+/// A FUA write goes to the cache and the disk, unless `lying_fua` (then it is a plain
+/// write, as a device that ignores FUA would do).
 struct VolatileCacheDevice {
     state: Mutex<(Vec<u8>, Vec<u8>)>, // (cache, disk)
+    lying_fua: bool,
 }
 
 impl VolatileCacheDevice {
     fn new(size: usize) -> Self {
         VolatileCacheDevice {
             state: Mutex::new((vec![0; size], vec![0; size])),
+            lying_fua: false,
         }
     }
 
@@ -184,6 +188,18 @@ impl BlockDevice for VolatileCacheDevice {
             tokio::task::yield_now().await;
             let mut s = self.state.lock().expect("lock");
             s.0[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
+            Ok(())
+        })
+    }
+    fn write_fua(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            let mut s = self.state.lock().expect("lock");
+            let r = offset as usize..offset as usize + data.len();
+            s.0[r.clone()].copy_from_slice(&data);
+            if !self.lying_fua {
+                s.1[r].copy_from_slice(&data);
+            }
             Ok(())
         })
     }
@@ -276,6 +292,49 @@ async fn after_crash_accepts_old_or_new_but_rejects_garbage_torn_and_lost_flushe
             "lost write"
         };
         assert!(w.why.contains(expect_why), "{w}");
+    }
+}
+
+/// FUA writes without any flush: after a crash that loses every unflushed write, each
+/// acknowledged FUA write must still be there; on a device that treats FUA as a plain write
+/// the check names the lost ones.
+#[tokio::test]
+async fn fua_writes_survive_a_crash_without_a_flush_and_a_device_that_ignores_fua_is_caught() {
+    for lying_fua in [false, true] {
+        let bs = 4096usize;
+        let dev = VolatileCacheDevice {
+            lying_fua,
+            ..VolatileCacheDevice::new(1 << 20)
+        };
+        let cfg = WorkloadConfig {
+            block_size: bs as u64,
+            read_percent: 0,
+            fua_percent: 50,
+            flush_every: None,
+            final_flush: false,
+            ..config(2000)
+        };
+        let mut model = cfg.new_model(dev.size(), RunId(6)).expect("valid config");
+        let report = workload::run_workload(&dev, &mut model, &cfg).await;
+        assert!(report.io_errors.is_empty() && report.bad_reads.is_empty());
+        assert_eq!(report.flushes, 0);
+        assert!(
+            report.fua_writes > 500 && report.fua_writes < report.writes,
+            "{report:?}"
+        );
+        // Every write not made durable is lost.
+        let lost = dev.crash(bs, |_| false);
+        assert!(lost > 0, "the run must leave plain writes to lose");
+        let crash = workload::verify(&dev, &model, Expect::AfterCrash, Scope::Range, 8).await;
+        if lying_fua {
+            assert!(
+                !crash.wrong.is_empty() && crash.wrong.iter().all(|w| w.why.contains("lost")),
+                "a device that drops FUA writes must fail the check: {:#?}",
+                crash.wrong.iter().take(3).collect::<Vec<_>>()
+            );
+        } else {
+            assert!(crash.passed(), "{:#?}", crash.wrong);
+        }
     }
 }
 

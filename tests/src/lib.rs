@@ -403,6 +403,7 @@ impl DataStream {
                 offset,
                 data,
                 crc32c: Vec::new(),
+                flush_number: None,
             }))
             .await?;
         check(&r)

@@ -214,13 +214,57 @@ async fn stale_replica_is_never_a_source() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill9_of_everything_during_flush_heavy_writes_keeps_every_flushed_write()
 -> anyhow::Result<()> {
+    let config = |seed: u64| WorkloadConfig {
+        queue_depth: 16,
+        flush_every: Some(2),
+        final_flush: false,
+        ..busy_workload(seed)
+    };
+    let totals = kill9_rounds("flush-crash", config).await?;
+    assert!(
+        totals.shared > 0,
+        "no flush was ever shared: the workload did not exercise group commit"
+    );
+    Ok(())
+}
+
+/// The same with half the writes sent with FUA and no flush at all: every FUA write
+/// acknowledged before the kill reads back (the replicas took it with its flush in one
+/// request), and the replicas agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_of_everything_during_fua_writes_keeps_every_fua_write() -> anyhow::Result<()> {
+    let config = |seed: u64| WorkloadConfig {
+        queue_depth: 16,
+        flush_every: None,
+        fua_percent: 50,
+        final_flush: false,
+        ..busy_workload(seed)
+    };
+    let totals = kill9_rounds("fua-crash", config).await?;
+    assert!(totals.fua_writes > 0, "no FUA write was acknowledged");
+    Ok(())
+}
+
+/// What [`kill9_rounds`] saw over all its rounds.
+struct Totals {
+    shared: u64,
+    fua_writes: u64,
+}
+
+/// Rounds of: the workload `config` on the volume, `kill -9` of the engine and every replica
+/// at a random moment, a restart, and the checks (every durable write reads back, the
+/// replicas agree block for block). `ZEBU_CRASH_ROUNDS` sets the rounds (default 4).
+async fn kill9_rounds(
+    name: &str,
+    config: impl Fn(u64) -> WorkloadConfig,
+) -> anyhow::Result<Totals> {
     const SIZE: u64 = 64 * MIB;
     let rounds: usize = std::env::var("ZEBU_CRASH_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(4);
     let seed = test_seed();
-    let mut c = Cluster::start("flush-crash", SIZE)?;
+    let mut c = Cluster::start(name, SIZE)?;
     let mut rng = seed | 1;
     let mut next = move || {
         rng ^= rng << 13;
@@ -228,20 +272,17 @@ async fn kill9_of_everything_during_flush_heavy_writes_keeps_every_flushed_write
         rng ^= rng << 17;
         rng
     };
-    let config = |seed: u64| WorkloadConfig {
-        queue_depth: 16,
-        flush_every: Some(2),
-        final_flush: false,
-        ..busy_workload(seed)
-    };
     let mut model = config(seed).new_model(SIZE, RunId::random())?;
-    let mut shared = 0;
+    let mut totals = Totals {
+        shared: 0,
+        fua_writes: 0,
+    };
     for round in 0..rounds {
         let dev = c.engine().nbd_client().await?;
         let bg = Background::spawn(dev, model, config(seed.wrapping_add(round as u64)));
         tokio::time::sleep(Duration::from_millis(400 + next() % 1200)).await;
         let counters = c.engine().info().await?.data_path.unwrap_or_default();
-        shared += counters.flushes_shared;
+        totals.shared += counters.flushes_shared;
         // SIGKILL to every process before reaping any, so none outlives the others.
         let _ = kill(c.engine().pid(), Signal::SIGKILL);
         for i in 0..3 {
@@ -252,6 +293,7 @@ async fn kill9_of_everything_during_flush_heavy_writes_keeps_every_flushed_write
             c.kill_replica(i);
         }
         let (mut m, report, _dev) = bg.stop().await?;
+        totals.fua_writes += report.fua_writes;
         assert!(
             report.bad_reads.is_empty(),
             "round {round}: wrong reads before the crash: {:?}",
@@ -294,14 +336,10 @@ async fn kill9_of_everything_during_flush_heavy_writes_keeps_every_flushed_write
         }
         dev.disconnect().await;
         eprintln!(
-            "round {round}: {} writes, {} flushes before the kill ({} flushes shared so far); \
-             every flushed write read back, replicas agree",
-            report.writes, report.flushes, counters.flushes_shared
+            "{name} round {round}: {} writes ({} FUA), {} flushes before the kill ({} flushes \
+             shared so far); every durable write read back, replicas agree",
+            report.writes, report.fua_writes, report.flushes, counters.flushes_shared
         );
     }
-    assert!(
-        shared > 0,
-        "no flush was ever shared: the workload did not exercise group commit"
-    );
-    Ok(())
+    Ok(totals)
 }

@@ -611,6 +611,7 @@ async fn partly_sent_writes_on_many_connections_take_one_bounded_budget() -> any
                 offset: 0,
                 data: Bytes::from(vec![0u8; len as usize]),
                 sums: None,
+                flush: None,
             },
         }
         .header()

@@ -178,6 +178,7 @@ async fn batch(s: &mut DataStream, model: &mut Model, rng: &mut StdRng, stamp: &
                 offset: first * BLOCK,
                 data,
                 crc32c: Vec::new(),
+                flush_number: None,
             })
         };
         for b in first..first + count {

@@ -165,6 +165,7 @@ impl Frames {
                 offset,
                 data,
                 sums: None,
+                flush: None,
             })
             .await;
         assert_eq!(r.status, Status::Ok, "{r}");
@@ -260,6 +261,77 @@ async fn frames_read_your_writes() {
     // A clean close from the client ends the stream without an END notice.
     c.stream.shutdown().await.unwrap();
     assert_eq!(c.expect_end().await, None);
+}
+
+/// A write with a flush (version 4) is answered once, with the flush number it made
+/// durable; the replica records that number as for a flush, and it is still there after a
+/// `kill -9` and a restart, as is the data. A flush number of 0 lets the replica pick its own + 1, as
+/// for a flush.
+#[tokio::test]
+async fn a_write_with_a_flush_is_answered_with_the_number_it_made_durable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut r = start(&tmp, 42);
+    let mut c = Frames::open(r.addr, 1).await;
+    let f = c.call(RequestOp::Flush { flush_number: 0 }).await;
+    assert_eq!(f.status, Status::Ok, "{f}");
+    let n = f.flush_number + 5;
+    let w = c
+        .call(RequestOp::Write {
+            offset: 3 * BLOCK,
+            data: Bytes::from(block_data(3, 11)),
+            sums: None,
+            flush: Some(n),
+        })
+        .await;
+    assert_eq!(w.status, Status::Ok, "{w}");
+    assert_eq!(
+        w.flush_number, n,
+        "the answer carries the number made durable: {w}"
+    );
+    let picked = c
+        .call(RequestOp::Write {
+            offset: 4 * BLOCK,
+            data: Bytes::from(block_data(4, 12)),
+            sums: None,
+            flush: Some(0),
+        })
+        .await;
+    assert_eq!(picked.status, Status::Ok, "{picked}");
+    assert_eq!(picked.flush_number, n + 1, "{picked}");
+    // A write alone does not move the number.
+    c.write(5 * BLOCK, block_data(5, 13)).await;
+    let info = r
+        .client()
+        .await
+        .unwrap()
+        .info(zebu_proto::replica::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.flush_number, n + 1, "the replica's flush number");
+    // On disk the number is recorded with its checksums, within `SUMS_SYNC_INTERVAL` (50 ms;
+    // `sumsync.rs`): wait well past it before the kill.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let addr = r.addr;
+    r.kill9();
+    drop(c);
+    let r = ReplicaProcess::start_at(&tmp.path().join("r"), SIZE, addr, &[]).expect("restart");
+    let info = r
+        .client()
+        .await
+        .unwrap()
+        .info(zebu_proto::replica::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        info.flush_number,
+        n + 1,
+        "the recorded flush number after kill -9"
+    );
+    let mut c = Frames::open(r.addr, 2).await;
+    assert_eq!(decode(3, &c.read(3 * BLOCK, BLOCK).await), Ok(11));
+    assert_eq!(decode(4, &c.read(4 * BLOCK, BLOCK).await), Ok(12));
 }
 
 /// Reads `length` bytes at `offset` followed by a flush, taking the answers off the socket
@@ -365,6 +437,7 @@ async fn many_requests_in_flight_are_answered_out_of_order_by_id() {
             offset: b * BLOCK,
             data: Bytes::from(block_data(b, 3)),
             sums: None,
+            flush: None,
         })
         .collect();
     let ids = c.send(writes).await;
@@ -725,6 +798,7 @@ async fn hostile_input_ends_only_its_connection() {
             offset: 0,
             data: Bytes::from(vec![1u8; 8192]),
             sums: None,
+            flush: None,
         },
     }
     .header()
@@ -741,6 +815,7 @@ async fn hostile_input_ends_only_its_connection() {
             offset: 0,
             data: Bytes::from(vec![5u8; (MAX_IO_BYTES + BLOCK) as usize]),
             sums: None,
+            flush: None,
         })
         .await;
     assert_eq!(over.status, Status::Invalid, "{over}");
@@ -824,6 +899,7 @@ async fn large_writes_arrive_intact_however_the_bytes_are_cut() {
                     offset,
                     data: Bytes::from(data.clone()),
                     sums: None,
+                    flush: None,
                 },
             });
             writes.push(id);
@@ -869,6 +945,7 @@ async fn large_writes_arrive_intact_however_the_bytes_are_cut() {
             offset: 0,
             data: Bytes::from(vec![9u8; 1 << 20]),
             sums: None,
+            flush: None,
         },
     }
     .header()

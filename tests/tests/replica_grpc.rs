@@ -66,6 +66,7 @@ async fn read_past_the_end_is_invalid_and_names_the_size() {
             offset: SIZE,
             data: Bytes::from(vec![1; 4096]),
             crc32c: Vec::new(),
+            flush_number: None,
         }))
         .await
         .unwrap();
@@ -94,6 +95,7 @@ async fn zero_length_requests_are_invalid() {
             offset: 0,
             data: Bytes::new(),
             crc32c: Vec::new(),
+            flush_number: None,
         }))
         .await
         .unwrap();
@@ -169,6 +171,7 @@ async fn oversized_message_ends_only_its_stream() {
             offset: 0,
             data: big,
             crc32c: Vec::new(),
+            flush_number: None,
         }))
         .await
         .unwrap();
@@ -309,6 +312,7 @@ async fn many_requests_in_flight_round_trip() {
                 offset: b * BLOCK,
                 data: block_data(b, 1000 + b).into(),
                 crc32c: Vec::new(),
+                flush_number: None,
             }))
             .await
             .unwrap();
@@ -692,6 +696,7 @@ async fn half_closed_stream_still_answers_requests_in_flight() {
             offset: b * BLOCK,
             data: block_data(b, 7).into(),
             crc32c: Vec::new(),
+            flush_number: None,
         }))
         .await
         .unwrap();

@@ -334,13 +334,14 @@ impl Lun {
         let moved = want.min(data_out.len() as u64) / BLOCK_SIZE * BLOCK_SIZE;
         if moved > 0 {
             let data = data_out.slice(..moved as usize);
-            self.dev
-                .write(rw.lba * BLOCK_SIZE, data)
-                .await
-                .map_err(|e| map_err(&e, true))?;
-            if rw.fua {
-                self.dev.flush().await.map_err(|e| map_err(&e, true))?;
-            }
+            let offset = rw.lba * BLOCK_SIZE;
+            // FUA: durable when answered; the device does the write and its flush together.
+            let done = if rw.fua {
+                self.dev.write_fua(offset, data).await
+            } else {
+                self.dev.write(offset, data).await
+            };
+            done.map_err(|e| map_err(&e, true))?;
         }
         Ok(Reply::good().with_len(want))
     }

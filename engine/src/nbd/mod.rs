@@ -31,8 +31,10 @@
 //!   acknowledged before it durable" — for the replicator, a flush goes to every replica and
 //!   covers everything they acknowledged — and a write is replied to only after the device
 //!   acknowledged it. So a completed write on connection A is covered by a flush on B.
-//! - `SEND_FLUSH`, `SEND_FUA`, `SEND_TRIM`, `SEND_WRITE_ZEROES`: FUA is implemented as the
-//!   operation followed by a device flush, which is stronger than FUA needs.
+//! - `SEND_FLUSH`, `SEND_FUA`, `SEND_TRIM`, `SEND_WRITE_ZEROES`: a FUA write is the
+//!   device's `write_fua` (for the replicator, the write and a flush in one request to each
+//!   replica); a FUA trim or write-zeroes is the operation followed by a device flush. Both
+//!   make more durable than FUA needs (everything acknowledged before, not only this).
 //!
 //! Each connection gets one task (see [`transmission`]); a malformed request closes at most
 //! its own connection. Bytes in flight are capped per connection and per export, and the

@@ -777,11 +777,16 @@ impl Op {
                 return Ok(Some(data));
             }
             Op::Write { offset, data, fua } => {
+                // FUA: the device does the write and its flush together.
                 let t = std::time::Instant::now();
-                let res = dev.write(offset, data).await;
+                let res = if fua {
+                    dev.write_fua(offset, data).await
+                } else {
+                    dev.write(offset, data).await
+                };
                 *device += t.elapsed();
                 res.map_err(errno)?;
-                fua
+                false
             }
             Op::Flush => true,
             Op::Trim { offset, len, fua } => {

@@ -177,10 +177,54 @@ impl dyn DataPath {
     ) -> Result<(), PathError> {
         self.call(Request {
             id,
-            op: RequestOp::Write { offset, data, sums },
+            op: RequestOp::Write {
+                offset,
+                data,
+                sums,
+                flush: None,
+            },
         })
         .await
         .map(|_| ())
+    }
+
+    /// Whether the replica takes a write and a flush as one request ([`Self::write_flush`];
+    /// version 4 of either transport).
+    pub fn flushes_writes(&self) -> bool {
+        self.version() >= frames::FLUSH_WRITE_VERSION
+    }
+
+    /// Writes `data` as [`Self::write`] does, then flushes with `number` as
+    /// [`Self::flush`] does, in one round trip; returns the durable flush number. Refused
+    /// here, before anything is sent, on a path of an older version: its replica would not
+    /// know the flush was asked for.
+    pub async fn write_flush(
+        &self,
+        id: RequestId,
+        offset: u64,
+        data: Bytes,
+        sums: Option<BlockSums>,
+        number: FlushNumber,
+    ) -> Result<FlushNumber, PathError> {
+        if !self.flushes_writes() {
+            return Err(PathError::Io(format!(
+                "a write with a flush needs protocol version {}; this replica speaks {}",
+                frames::FLUSH_WRITE_VERSION,
+                self.version()
+            )));
+        }
+        let resp = self
+            .call(Request {
+                id,
+                op: RequestOp::Write {
+                    offset,
+                    data,
+                    sums,
+                    flush: Some(number.0),
+                },
+            })
+            .await?;
+        Ok(FlushNumber(resp.flush_number))
     }
 
     /// Deallocates (or, with `zero_fill`, writes zeros over) the range; it reads as zeros.
@@ -348,8 +392,8 @@ pub fn control_client(channel: Channel) -> ControlClient {
 
 impl GrpcDataPath {
     /// Opens the data stream and presents `generation` in the newest protocol version, or in
-    /// version 1 to a replica of an older build that refuses it; fails if the replica refuses
-    /// the generation.
+    /// an older one (3, then 1) to a replica of an older build that refuses it; fails if the
+    /// replica refuses the generation.
     pub async fn open(
         channel: Channel,
         generation: Generation,
@@ -366,18 +410,27 @@ impl GrpcDataPath {
         claim: Option<&VolumeClaim>,
         timeout: Duration,
     ) -> Result<GrpcDataPath, PathError> {
-        let newest = (pb::PROTOCOL_VERSION, claim);
-        match GrpcDataPath::open_in(channel.clone(), generation, timeout, newest).await {
-            Err(e) if refused_for_version(&e) => {
-                tracing::info!(
-                    "gRPC data stream: {e}; using version {}",
-                    pb::MIN_PROTOCOL_VERSION
-                );
-                let oldest = (pb::MIN_PROTOCOL_VERSION, None);
-                GrpcDataPath::open_in(channel, generation, timeout, oldest).await
+        // Newest first; a replica of an older build refuses a version it does not know, and
+        // gets the next one down: 3 (checksums, the volume's name), then 1 (neither).
+        let tries = [
+            (pb::PROTOCOL_VERSION, claim),
+            (frames::INTEGRITY_VERSION, claim),
+            (pb::MIN_PROTOCOL_VERSION, None),
+        ];
+        let mut result = Err(PathError::Refused("no protocol version to try".into()));
+        for (i, attempt) in tries.into_iter().enumerate() {
+            if i > 0
+                && let Err(e) = &result
+            {
+                tracing::info!("gRPC data stream: {e}; trying version {}", attempt.0);
             }
-            other => other,
+            result = GrpcDataPath::open_in(channel.clone(), generation, timeout, attempt).await;
+            match &result {
+                Err(e) if refused_for_version(e) => continue,
+                _ => break,
+            }
         }
+        result
     }
 
     async fn open_in(

@@ -806,10 +806,26 @@ mod tests {
         let data = p.read(RequestId(1), 0, 4096).await.unwrap();
         assert_eq!(data, Bytes::from(vec![0u8; 4096]));
         assert!(!frames::is_zeros(&data), "version 1 sent the bytes");
+        // A write with a flush is refused before it is sent: this replica would not know
+        // the flush was asked for.
+        assert!(!p.flushes_writes());
+        let refused = p
+            .write_flush(
+                RequestId(2),
+                0,
+                Bytes::from(vec![1u8; 4096]),
+                None,
+                FlushNumber(3),
+            )
+            .await;
+        assert!(
+            matches!(&refused, Err(PathError::Io(m)) if m.contains("protocol version")),
+            "{refused:?}"
+        );
         let (versions, _s) = server.await.unwrap();
         assert_eq!(
             versions,
-            [frames::VERSION, 2, 1],
+            [frames::VERSION, 3, 2, 1],
             "one version lower at a time"
         );
     }

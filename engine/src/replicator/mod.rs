@@ -608,6 +608,47 @@ impl Volume {
         Ok(())
     }
 
+    /// Writes whole blocks (one piece) and flushes, in one request per replica (protocol
+    /// version 4; a replica of an older build gets the write, then the flush). The write
+    /// takes the gate and its range as any write does; the flush then takes the flush lock
+    /// and a number as [`Volume::flush_group`] does, and covers what any flush sent at that
+    /// moment covers: every write acknowledged before it (each had completed on every
+    /// replica), this one with them. So callers whose flush tickets were taken before it
+    /// are covered too.
+    async fn write_flush_piece(&self, offset: u64, data: Bytes) -> Result<(), BlockError> {
+        let end = offset + data.len() as u64;
+        let _g = self.gate.read().await;
+        let _r = self.ranges.lock(offset..end).await;
+        let sums = if self.config.checksums {
+            BlockSums::of(&data)
+        } else {
+            None
+        };
+        let _f = self.flush_lock.lock().await;
+        let covers = self.flush_tickets.load(Ordering::Acquire);
+        let number = self
+            .flush_number()
+            .checked_next()
+            .map_err(|e| BlockError::Io(format!("volume {}: {e}", self.config.name)))?;
+        self.replicate("write+flush", |r, id| {
+            let (p, data, sums) = (r.data.clone(), data.clone(), sums.clone());
+            let then = self.next_id();
+            Box::pin(async move {
+                if p.flushes_writes() {
+                    p.write_flush(id, offset, data, sums, number).await?;
+                } else {
+                    p.write(id, offset, data, sums).await?;
+                    p.flush(then, number).await?;
+                }
+                Ok(())
+            })
+        })
+        .await?;
+        self.flush_number.store(number.0, Ordering::Release);
+        self.flush_covered.fetch_max(covers, Ordering::AcqRel);
+        Ok(())
+    }
+
     /// Adds a connected replica in `mode`.
     fn add_replica(&self, r: Arc<Replica>) {
         tracing::info!(volume = %self.config.name, replica = %r.addr, mode = %r.mode(), "replica added");
@@ -854,6 +895,27 @@ impl BlockDevice for Volume {
 
     fn flush(&self) -> BoxFuture<'_, Result<(), BlockError>> {
         Box::pin(self.flush_all())
+    }
+
+    /// A write of whole blocks within one piece goes to each replica with its flush in one
+    /// request ([`Volume::write_flush_piece`]); any other is written, then flushed.
+    fn write_fua(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(async move {
+            let len = data.len() as u64;
+            self.check_range(offset, len)?;
+            let started = std::time::Instant::now();
+            let whole = offset.is_multiple_of(BLOCK) && len.is_multiple_of(BLOCK);
+            let res = if whole && len > 0 && pieces(offset, len).len() == 1 {
+                self.write_flush_piece(offset, data).await
+            } else {
+                match self.write_pieces(offset, data).await {
+                    Ok(()) => self.flush_all().await,
+                    Err(e) => Err(e),
+                }
+            };
+            self.path.writes.device_call(started.elapsed());
+            res
+        })
     }
 
     fn path_counters(&self) -> Option<&PathCounters> {

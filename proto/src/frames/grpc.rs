@@ -46,6 +46,7 @@ impl TryFrom<pb::DataRequest> for Request {
                     offset: w.offset,
                     data: w.data,
                     sums,
+                    flush: w.flush_number,
                 }
             }
             Op::Unmap(u) => RequestOp::Unmap {
@@ -69,10 +70,16 @@ impl From<Request> for pb::DataRequest {
     fn from(r: Request) -> pb::DataRequest {
         let op = match r.op {
             RequestOp::Read { offset, length } => Op::Read(pb::ReadOp { offset, length }),
-            RequestOp::Write { offset, data, sums } => Op::Write(pb::WriteOp {
+            RequestOp::Write {
+                offset,
+                data,
+                sums,
+                flush,
+            } => Op::Write(pb::WriteOp {
                 offset,
                 crc32c: sums.map(|s| s.to_vec()).unwrap_or_default(),
                 data,
+                flush_number: flush,
             }),
             RequestOp::Unmap {
                 offset,

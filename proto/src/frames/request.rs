@@ -15,6 +15,7 @@ pub(super) const OP_FLUSH: u8 = 4;
 pub(super) const OP_PING: u8 = 5;
 pub(super) const REQ_FLAG_ZERO_FILL: u8 = 1;
 pub(super) const REQ_FLAG_SUMS: u8 = 2;
+pub(super) const REQ_FLAG_FLUSH: u8 = 4;
 
 /// One data request, whichever transport carried it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +36,10 @@ pub enum RequestOp {
         /// The CRC32C of each 4 KiB block of `data`, when the sender computed them
         /// (version 3); without them the replica sums the data itself.
         sums: Option<BlockSums>,
+        /// Version 4: once the write is done, the replica flushes as a [`RequestOp::Flush`]
+        /// with this number would (every write completed before, this one with them) and
+        /// answers with the number now durable: a FUA write in one round trip.
+        flush: Option<u64>,
     },
     Unmap {
         offset: u64,
@@ -87,7 +92,7 @@ impl RequestHeader {
         }
         let allowed = match h.op {
             OP_UNMAP => REQ_FLAG_ZERO_FILL,
-            OP_WRITE => REQ_FLAG_SUMS,
+            OP_WRITE => REQ_FLAG_SUMS | REQ_FLAG_FLUSH,
             OP_READ | OP_FLUSH | OP_PING => 0,
             op => return Err(FrameError::UnknownOp(op)),
         };
@@ -154,6 +159,7 @@ impl RequestHeader {
                 } else {
                     None
                 },
+                flush: (self.flags & REQ_FLAG_FLUSH != 0).then_some(self.flush_number),
             },
             OP_UNMAP => RequestOp::Unmap {
                 offset: self.offset,
@@ -188,10 +194,19 @@ impl Request {
             RequestOp::Read { offset, length } => {
                 (h.op, h.offset, h.length) = (OP_READ, *offset, *length)
             }
-            RequestOp::Write { offset, data, sums } => {
+            RequestOp::Write {
+                offset,
+                data,
+                sums,
+                flush,
+            } => {
                 (h.op, h.offset, h.length) = (OP_WRITE, *offset, data.len() as u64);
                 if sums_fit(sums.as_ref(), data) {
                     h.flags = REQ_FLAG_SUMS;
+                }
+                if let Some(n) = flush {
+                    h.flags |= REQ_FLAG_FLUSH;
+                    h.flush_number = *n;
                 }
             }
             RequestOp::Unmap {
@@ -249,10 +264,18 @@ impl fmt::Display for Request {
             RequestOp::Read { offset, length } => {
                 write!(f, "#{} read {offset}+{length}", self.id.0)
             }
-            RequestOp::Write { offset, data, sums } => {
+            RequestOp::Write {
+                offset,
+                data,
+                sums,
+                flush,
+            } => {
                 write!(f, "#{} write {offset}+{}", self.id.0, data.len())?;
                 if sums.is_some() {
                     f.write_str(" with sums")?;
+                }
+                if let Some(n) = flush {
+                    write!(f, " then flush {n}")?;
                 }
                 Ok(())
             }

@@ -1,4 +1,4 @@
-use super::request::{OP_READ, OP_WRITE, REQ_FLAG_SUMS, REQ_FLAG_ZERO_FILL};
+use super::request::{OP_READ, OP_WRITE, REQ_FLAG_FLUSH, REQ_FLAG_SUMS, REQ_FLAG_ZERO_FILL};
 use super::*;
 use crate::ids::RequestId;
 use crate::sums::{BlockSums, block_crc};
@@ -132,6 +132,7 @@ fn every_request_round_trips() {
                 offset: 12288,
                 data: Bytes::from(vec![7u8; 4096]),
                 sums: None,
+                flush: None,
             },
         },
         Request {
@@ -140,6 +141,16 @@ fn every_request_round_trips() {
                 offset: 0,
                 data: Bytes::from(vec![8u8; 3 * 4096]),
                 sums: BlockSums::of(&[8u8; 3 * 4096]),
+                flush: None,
+            },
+        },
+        Request {
+            id: RequestId(24),
+            op: RequestOp::Write {
+                offset: 4096,
+                data: Bytes::from(vec![9u8; 2 * 4096]),
+                sums: BlockSums::of(&[9u8; 2 * 4096]),
+                flush: Some(41),
             },
         },
         Request {
@@ -192,6 +203,7 @@ fn a_partial_request_asks_for_the_rest_and_consumes_nothing() {
             offset: 0,
             data: Bytes::from(vec![1u8; 100]),
             sums: None,
+            flush: None,
         },
     };
     let full = frame_of_request(&r);
@@ -226,6 +238,7 @@ fn large_writes_are_sent_without_a_copy() {
             offset: 0,
             data: data.clone(),
             sums: BlockSums::of(&data),
+            flush: None,
         },
     };
     let mut b = Batch::default();
@@ -274,6 +287,12 @@ fn malformed_request_headers_are_errors() {
     ));
     let mut h = good;
     h[1] = REQ_FLAG_SUMS; // sums on a read
+    assert!(matches!(
+        RequestHeader::decode(&h),
+        Err(FrameError::BadFlags { .. })
+    ));
+    let mut h = good;
+    h[1] = REQ_FLAG_FLUSH; // a flush after a read
     assert!(matches!(
         RequestHeader::decode(&h),
         Err(FrameError::BadFlags { .. })
@@ -494,6 +513,7 @@ fn display_leaves_out_payloads() {
             offset: 8192,
             data: Bytes::from(vec![0xAB; 4096]),
             sums: BlockSums::of(&[0xAB; 4096]),
+            flush: None,
         },
     };
     assert_eq!(r.to_string(), "#3 write 8192+4096 with sums");
@@ -512,8 +532,9 @@ fn arb_request() -> impl Strategy<Value = Request> {
             any::<u64>(),
             proptest::collection::vec(any::<u8>(), 0..40_000),
             any::<bool>(),
+            proptest::option::of(any::<u64>()),
         )
-            .prop_map(|(offset, mut d, sums)| {
+            .prop_map(|(offset, mut d, sums, flush)| {
                 if sums {
                     d.resize(d.len().div_ceil(4096).max(1) * 4096, 3);
                 }
@@ -522,6 +543,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
                     offset,
                     data: Bytes::from(d),
                     sums,
+                    flush,
                 }
             }),
         Just(RequestOp::Ping),
@@ -681,6 +703,7 @@ fn older_peers_get_writes_without_sums_and_corrupt_answers_as_io_errors() {
             offset: 0,
             data: data.clone(),
             sums: BlockSums::of(&data),
+            flush: None,
         },
     };
     let mut v2 = Batch::for_version(2);
@@ -726,6 +749,7 @@ fn a_request_with_sums_that_do_not_fit_its_data_goes_without_them() {
             offset: 0,
             data: Bytes::from(vec![1u8; 8192]),
             sums: Some(BlockSums::from_crcs([block_crc(&[1u8; 4096])])),
+            flush: None,
         },
     };
     assert!(r.sums().is_none());
@@ -744,6 +768,7 @@ fn grpc_messages_convert_to_the_one_request_type_and_back() {
                 offset: 4096,
                 data: data.clone(),
                 sums: BlockSums::of(&data),
+                flush: None,
             },
         },
         Request {
@@ -769,6 +794,15 @@ fn grpc_messages_convert_to_the_one_request_type_and_back() {
             id: RequestId(5),
             op: RequestOp::Ping,
         },
+        Request {
+            id: RequestId(6),
+            op: RequestOp::Write {
+                offset: 0,
+                data: data.clone(),
+                sums: None,
+                flush: Some(10),
+            },
+        },
     ];
     for r in reqs {
         let msg = pb::DataRequest::from(r.clone());
@@ -787,6 +821,7 @@ fn grpc_messages_convert_to_the_one_request_type_and_back() {
             offset: 0,
             data: data.clone(),
             crc32c: vec![1],
+            flush_number: None,
         })),
     };
     assert!(matches!(

@@ -362,7 +362,12 @@ pub(super) async fn run_op(
                 }
             })
         }
-        RequestOp::Write { offset, data, sums } => {
+        RequestOp::Write {
+            offset,
+            data,
+            sums,
+            flush,
+        } => {
             let len = data.len() as u64;
             if len > MAX_IO_BYTES {
                 return Response::failed(id, DataStatus::Invalid, too_large("write", len));
@@ -372,6 +377,7 @@ pub(super) async fn run_op(
                 offset,
                 length = len,
                 sums = sums.is_some(),
+                flush,
                 "write"
             );
             let times = shared.io.times();
@@ -379,7 +385,21 @@ pub(super) async fn run_op(
             times.add(Step::WriteQueued, started - received);
             let done = replica.write_with_sums(offset, data, sums).await;
             times.since(Step::WriteStore, started);
-            done.map(|()| Response::ok(id))
+            match (done, flush) {
+                (Ok(()), None) => Ok(Response::ok(id)),
+                // Version 4: the flush, once the write is done, as a flush request does it
+                // (it covers every write completed before it, this one with them).
+                (Ok(()), Some(flush_number)) => {
+                    let started = Instant::now();
+                    let done = replica.flush(flush_number).await;
+                    times.since(Step::FlushStore, started);
+                    done.map(|n| Response {
+                        flush_number: n,
+                        ..Response::ok(id)
+                    })
+                }
+                (Err(e), _) => Err(e),
+            }
         }
         RequestOp::Unmap {
             offset,

@@ -393,6 +393,7 @@ mod tests {
                     offset: 4096,
                     data: bytes::Bytes::from(vec![7u8; 4096]),
                     sums: None,
+                    flush: None,
                 },
             },
             Request {
@@ -447,6 +448,7 @@ mod tests {
                     offset,
                     data: bytes::Bytes::from(vec![pattern; 4096]),
                     sums: None,
+                    flush: None,
                 },
             };
             let mut input = vec![mode, 0];

@@ -90,6 +90,9 @@ struct RunArgs {
     /// Percentage of operations that unmap (trim) a block.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100))]
     unmap_percent: u8,
+    /// Percentage of writes sent with FUA (durable when acknowledged, flush or no flush).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100))]
+    fua_percent: u8,
     /// Do not flush after the last operation (leave writes unflushed for a crash test).
     #[arg(long)]
     no_final_flush: bool,
@@ -196,6 +199,7 @@ async fn run(a: RunArgs) -> anyhow::Result<bool> {
         },
         read_percent: a.read_percent,
         unmap_percent: a.unmap_percent,
+        fua_percent: a.fua_percent,
         flush_every: (a.flush_every > 0).then_some(a.flush_every),
         flush_interval: a.flush_interval,
         final_flush: !a.no_final_flush,

@@ -53,6 +53,9 @@ pub struct WorkloadConfig {
     pub read_percent: u8,
     /// Percentage of operations that are unmaps of one block.
     pub unmap_percent: u8,
+    /// Percentage of writes sent with FUA (`BlockDevice::write_fua`): each is durable when
+    /// acknowledged, flush or no flush.
+    pub fua_percent: u8,
     /// Flush after this many writes and unmaps.
     pub flush_every: Option<u64>,
     /// Flush when this long has passed since the last one.
@@ -78,6 +81,7 @@ impl Default for WorkloadConfig {
             stop: StopAfter::Ops(10_000),
             read_percent: 10,
             unmap_percent: 0,
+            fua_percent: 0,
             flush_every: Some(100),
             flush_interval: None,
             final_flush: true,
@@ -139,6 +143,8 @@ impl WorkloadConfig {
 pub enum OpKind {
     Read,
     Write,
+    /// A write with FUA.
+    FuaWrite,
     Unmap,
     Flush,
 }
@@ -164,7 +170,9 @@ impl std::fmt::Display for IoFailure {
 
 #[derive(Clone, Debug, Default)]
 pub struct RunReport {
+    /// Writes acknowledged, FUA writes among them.
     pub writes: u64,
+    pub fua_writes: u64,
     pub reads: u64,
     pub unmaps: u64,
     pub flushes: u64,
@@ -279,15 +287,22 @@ pub async fn run_workload<D: BlockDevice + ?Sized>(
             } else {
                 let seq = model.begin_write(block);
                 let data = Bytes::from(model.block_content(block, seq));
-                writes_since_flush += 1;
+                let fua = (rng.next_u64() % 100) < u64::from(cfg.fua_percent);
+                if !fua {
+                    writes_since_flush += 1;
+                }
                 inflight.push(Box::pin(async move {
-                    let result = dev.write(offset, data).await.map(|()| None);
+                    let (op, done) = if fua {
+                        (OpKind::FuaWrite, dev.write_fua(offset, data).await)
+                    } else {
+                        (OpKind::Write, dev.write(offset, data).await)
+                    };
                     Completion {
-                        op: OpKind::Write,
+                        op,
                         block,
                         seq,
                         ticket: None,
-                        result,
+                        result: done.map(|()| None),
                     }
                 }));
             }
@@ -331,13 +346,19 @@ pub async fn run_workload<D: BlockDevice + ?Sized>(
                     report.bad_reads.push(w);
                 }
             }
-            (OpKind::Write | OpKind::Unmap, Ok(_)) => {
-                if c.op == OpKind::Write {
-                    report.writes += 1;
-                } else {
-                    report.unmaps += 1;
+            (OpKind::Write | OpKind::FuaWrite | OpKind::Unmap, Ok(_)) => {
+                match c.op {
+                    OpKind::Unmap => report.unmaps += 1,
+                    OpKind::FuaWrite => {
+                        report.writes += 1;
+                        report.fua_writes += 1;
+                    }
+                    _ => report.writes += 1,
                 }
                 model.complete(c.block, c.seq, true);
+                if c.op == OpKind::FuaWrite {
+                    model.made_durable(c.block, c.seq);
+                }
             }
             (op, Err(e)) => {
                 if *op == OpKind::Read {

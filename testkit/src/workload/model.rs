@@ -2,7 +2,8 @@
 //!
 //! Every write and unmap gets a run-wide sequence number when it is issued. Per block the
 //! model keeps the *durable* version (the newest one acknowledged before a flush that has
-//! completed) and the list of *later* versions, each in flight, acknowledged or failed.
+//! completed, or acknowledged as a FUA write) and the list of *later* versions, each in
+//! flight, acknowledged or failed.
 //!
 //! Flushes are tracked with a global acknowledgement counter: a flush issued when `acks == n`
 //! covers exactly the writes with ack number `<= n` (acknowledged before it was sent), so its
@@ -239,6 +240,22 @@ impl Model {
                 seq = seq.0,
                 "completion for an unknown write"
             );
+        }
+    }
+
+    /// Records that the acknowledged write `seq` on `block` is durable by itself (a FUA
+    /// write): after a crash the block holds it or something issued after it.
+    pub fn made_durable(&mut self, block: BlockIndex, seq: Seq) {
+        self.fold(block);
+        if let Some(s) = self.blocks.get_mut(&block.0)
+            && let Some(at) = s.later.iter().position(|v| v.seq == seq)
+        {
+            let v = s.later[at];
+            s.durable = Some(Candidate {
+                seq: v.seq,
+                content: v.content,
+            });
+            s.later.drain(..=at);
         }
     }
 

@@ -232,8 +232,9 @@ impl NbdClient {
         self.flags
     }
 
-    /// Writes `data` at `offset` with FUA: durable when acknowledged.
-    pub async fn write_fua(&self, offset: u64, data: Bytes) -> Result<(), BlockError> {
+    /// Writes `data` at `offset` with FUA: durable when acknowledged (the device's
+    /// `write_fua`).
+    async fn fua_write(&self, offset: u64, data: Bytes) -> Result<(), BlockError> {
         if self.flags & TFLAG_SEND_FUA == 0 {
             return Err(BlockError::Io(format!(
                 "NBD server {} does not support FUA writes",
@@ -350,6 +351,10 @@ impl BlockDevice for NbdClient {
 
     fn write(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), BlockError>> {
         Box::pin(self.write_with(offset, data, 0))
+    }
+
+    fn write_fua(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), BlockError>> {
+        Box::pin(self.fua_write(offset, data))
     }
 
     fn unmap(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<(), BlockError>> {
