@@ -300,15 +300,7 @@ async fn a_write_with_a_flush_is_answered_with_the_number_it_made_durable() {
     assert_eq!(picked.flush_number, n + 1, "{picked}");
     // A write alone does not move the number.
     c.write(5 * BLOCK, block_data(5, 13)).await;
-    let info = r
-        .client()
-        .await
-        .unwrap()
-        .info(zebu_proto::replica::InfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(info.flush_number, n + 1, "the replica's flush number");
+    assert_eq!(flush_number(&r).await, n + 1, "the replica's flush number");
     // On disk the number is recorded with its checksums, within `SUMS_SYNC_INTERVAL` (50 ms;
     // `sumsync.rs`): wait well past it before the kill.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -316,22 +308,21 @@ async fn a_write_with_a_flush_is_answered_with_the_number_it_made_durable() {
     r.kill9();
     drop(c);
     let r = ReplicaProcess::start_at(&tmp.path().join("r"), SIZE, addr, &[]).expect("restart");
-    let info = r
-        .client()
-        .await
-        .unwrap()
-        .info(zebu_proto::replica::InfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
     assert_eq!(
-        info.flush_number,
+        flush_number(&r).await,
         n + 1,
         "the recorded flush number after kill -9"
     );
     let mut c = Frames::open(r.addr, 2).await;
     assert_eq!(decode(3, &c.read(3 * BLOCK, BLOCK).await), Ok(11));
     assert_eq!(decode(4, &c.read(4 * BLOCK, BLOCK).await), Ok(12));
+}
+
+/// The replica's flush number, as its Info reports it.
+async fn flush_number(r: &ReplicaProcess) -> u64 {
+    let mut client = r.client().await.expect("control client");
+    let info = client.info(zebu_proto::replica::InfoRequest {}).await;
+    info.expect("info").into_inner().flush_number
 }
 
 /// Reads `length` bytes at `offset` followed by a flush, taking the answers off the socket

@@ -587,22 +587,36 @@ impl Volume {
     }
 
     async fn flush_group(&self, ticket: u64) -> Result<(), BlockError> {
-        let _f = self.flush_lock.lock().await;
+        let f = self.flush_lock.lock().await;
         if self.flush_covered.load(Ordering::Acquire) >= ticket {
             self.path.flush_shared();
             return Ok(());
         }
-        // Every ticket up to here was taken before this flush is sent.
+        self.send_flush(&f, "flush", |r, id, number| {
+            let p = r.data.clone();
+            Box::pin(async move { p.flush(id, number).await.map(|_| ()) })
+        })
+        .await
+    }
+
+    /// Sends `op` to every replica as one flush with the next flush number, under the flush
+    /// lock (`_held`), and records what it covers: every ticket taken up to here was taken
+    /// before the flush is sent.
+    async fn send_flush<F>(
+        &self,
+        _held: &tokio::sync::MutexGuard<'_, ()>,
+        what: &str,
+        op: F,
+    ) -> Result<(), BlockError>
+    where
+        F: Fn(&Replica, RequestId, FlushNumber) -> BoxFuture<'static, Result<(), PathError>>,
+    {
         let covers = self.flush_tickets.load(Ordering::Acquire);
         let number = self
             .flush_number()
             .checked_next()
             .map_err(|e| BlockError::Io(format!("volume {}: {e}", self.config.name)))?;
-        self.replicate("flush", |r, id| {
-            let p = r.data.clone();
-            Box::pin(async move { p.flush(id, number).await.map(|_| ()) })
-        })
-        .await?;
+        self.replicate(what, |r, id| op(r, id, number)).await?;
         self.flush_number.store(number.0, Ordering::Release);
         self.flush_covered.fetch_max(covers, Ordering::AcqRel);
         Ok(())
@@ -624,13 +638,8 @@ impl Volume {
         } else {
             None
         };
-        let _f = self.flush_lock.lock().await;
-        let covers = self.flush_tickets.load(Ordering::Acquire);
-        let number = self
-            .flush_number()
-            .checked_next()
-            .map_err(|e| BlockError::Io(format!("volume {}: {e}", self.config.name)))?;
-        self.replicate("write+flush", |r, id| {
+        let f = self.flush_lock.lock().await;
+        self.send_flush(&f, "write+flush", |r, id, number| {
             let (p, data, sums) = (r.data.clone(), data.clone(), sums.clone());
             let then = self.next_id();
             Box::pin(async move {
@@ -643,10 +652,7 @@ impl Volume {
                 Ok(())
             })
         })
-        .await?;
-        self.flush_number.store(number.0, Ordering::Release);
-        self.flush_covered.fetch_max(covers, Ordering::AcqRel);
-        Ok(())
+        .await
     }
 
     /// Adds a connected replica in `mode`.
