@@ -358,6 +358,15 @@ async fn kill9_of_replicas_and_engine_during_verified_writes_never_leaves_a_fals
             "round {round}: {:?}",
             report.bad_reads
         );
+        if !engine_too {
+            // The engine marks the victim ERR when a request to it fails or, when none was
+            // sent before the workload stopped, when its liveness check finds it gone; only
+            // then may it be added again.
+            let addr = c.addr(victim);
+            c.engine()
+                .wait_until(Duration::from_secs(30), |i| mode_in(i, &addr) == "ERR")
+                .await?;
+        }
         c.restart_replica(victim)?;
         if engine_too {
             c.start_engine()
