@@ -18,7 +18,8 @@
 #        BASE_DIR (zebu and zebu-engine; default A_DIR)
 #
 # Prints one line per measurement and, per build, each restore's ratio to the reference of
-# its round (time of nbdcopy / time of the restore: >= 0.7 is issue 16's goal).
+# its round (time of nbdcopy / time of the restore: >= 0.7 is issue 16's goal); then each
+# job's own accounts, and each restore's time outside its job (the manager's, from its log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 a_dir=$(realpath "$1")
@@ -80,7 +81,7 @@ import boto3, os
 boto3.client('s3', endpoint_url=os.environ['AWS_ENDPOINT_URL'], region_name='us-east-1').create_bucket(Bucket='bench')"
 api_port=$(free_port)
 export ZEBU_API="http://127.0.0.1:$api_port"
-"$zebu" up --nodes "$REPLICAS" --listen "127.0.0.1:$api_port" --first-node-address 127.0.0.81 \
+ZEBU_LOG="${ZEBU_LOG:-info}" "$zebu" up --nodes "$REPLICAS" --listen "127.0.0.1:$api_port" --first-node-address 127.0.0.81 \
   --setting storage-minimal-available-percentage=0 --data-dir "$WORKDIR/cluster" \
   >"$WORKDIR/up.out" 2>"$WORKDIR/up.log" &
 pids+=($!)
@@ -156,5 +157,35 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 log "uptime at the end: $(uptime)"
 grep -rhoE "restore done.*" "$WORKDIR/cluster" 2>/dev/null | sed -E 's/\x1b\[[0-9;]*m//g' | sed 's/^/    /' >>"$WORKDIR/results.txt" || true
+# Where each restore's time went outside its job: from the volume's creation to the job's
+# start (replicas scheduled, started, seen running), and from the job's end to the restore's
+# `completed` (from the manager's log at ZEBU_LOG=info, and each job's log).
+python3 - "$WORKDIR" >>"$WORKDIR/results.txt" <<'PY' || true
+import datetime, glob, os, re, sys
+w = sys.argv[1]
+def ts(line):
+    m = re.match(r'(?:\x1b\[[0-9;]*m)*(\d{4}-\d\d-\d\dT[\d:.]+)Z', line)
+    return datetime.datetime.fromisoformat(m.group(1)).timestamp() if m else None
+ev = {}
+marks = [(r'volume created to restore a backup volume=(\S+)', 'create'),
+         (r'backup job process started job="restore-([^"]+)"', 'job'),
+         (r'restore Some\("in-progress"\) -> completed volume=(\S+)', 'completed')]
+for line in open(os.path.join(w, 'up.log'), errors='replace'):
+    line = re.sub(r'\x1b\[[0-9;]*m', '', line)
+    for pat, key in marks:
+        m = re.search(pat, line)
+        if m and ts(line):
+            ev.setdefault(m.group(1), {})[key] = ts(line)
+for f in glob.glob(os.path.join(w, 'cluster/backups/jobs/restore-*.log')):
+    v = os.path.basename(f)[len('restore-'):-len('.log')]
+    for line in open(f, errors='replace'):
+        line = re.sub(r'\x1b\[[0-9;]*m', '', line)
+        if 'restore done' in line and ts(line):
+            ev.setdefault(v, {})['done'] = ts(line)
+for v, e in sorted(ev.items()):
+    if all(k in e for k in ('create', 'job', 'done', 'completed')):
+        print(f"    {v}: volume created -> job started {e['job'] - e['create']:.2f} s, job"
+              f" {e['done'] - e['job']:.2f} s, job done -> completed {e['completed'] - e['done']:.2f} s")
+PY
 [ -n "$out" ] && cp "$WORKDIR/results.txt" "$out"
 exit 0

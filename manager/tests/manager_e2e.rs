@@ -145,3 +145,66 @@ fn manager_killed_during_create_converges_without_orphans_or_duplicates() {
     assert!(pids("zebu-replica", &needle).is_empty());
     drop(up);
 }
+
+/// A deleted replica that does not stop on SIGTERM (here: stopped with SIGSTOP) keeps its
+/// node's agent waiting out the grace period before SIGKILL. That wait must not hold up the
+/// node's other work: a volume created meanwhile gets its replica started at once, and the
+/// stuck one is still killed and its directory removed.
+#[test]
+fn a_deleted_replica_that_ignores_sigterm_does_not_hold_up_a_new_volumes_replica() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let up = start_up(tmp.path(), 1, FULL_DISK_OK);
+    let api = up.api.clone();
+    wait_nodes(&api, 1);
+    let create = |name: &str| {
+        ok(
+            &api,
+            &["volume", "create", name, "--size", "64M", "--replicas", "1"],
+        );
+    };
+    // Volume names order the replicas in the agent's pass: v1's teardown comes before v2's
+    // start.
+    create("v1");
+    let old = |n: &str| pids("zebu-replica", &format!("/replicas/{n}-r-"));
+    wait_for("v1's replica runs", 30, || old("v1").len() == 1);
+    let stuck = old("v1")[0];
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(stuck),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .expect("SIGSTOP");
+    ok(&api, &["volume", "delete", "v1"]);
+    // Let the agent reach the stuck replica and send its SIGTERM.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        old("v1"),
+        vec![stuck],
+        "v1's replica went before its grace period"
+    );
+
+    create("v2");
+    let took = wait_for("v2's replica starts beside v1's teardown", 30, || {
+        old("v2").len() == 1
+    });
+    // The grace period is 10 s; waiting behind it, v2's replica would start after ~9 s.
+    assert!(
+        took < Duration::from_secs(6),
+        "v2's replica started {took:?} after its volume: it waited for v1's teardown"
+    );
+    assert_eq!(
+        old("v1"),
+        vec![stuck],
+        "v1's replica is still in its grace period"
+    );
+
+    // The teardown finishes: killed after the grace period, the directory and the volume go.
+    wait_for("v1's replica killed", 30, || old("v1").is_empty());
+    wait_for("v1 gone", 30, || volume(&api, "v1").is_none());
+    let dirs = replica_dirs(tmp.path(), 1);
+    assert!(
+        dirs.iter()
+            .all(|d| !d.display().to_string().contains("/v1-r-")),
+        "v1's replica directory is still there: {dirs:?}"
+    );
+    assert!(volume(&api, "v2").is_some());
+}

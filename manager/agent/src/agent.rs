@@ -19,12 +19,13 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use zebu_types::Store;
+use zebu_controllers::changes::{Changes, Wake};
 use zebu_types::resources::{
     ConditionStatus, DiskSpec, DiskStatus, Node, NodeSpec, Replica, condition, set_condition,
 };
 use zebu_types::size::ByteSize;
 use zebu_types::store::{StoreError, TypedStore};
+use zebu_types::{Kind, Store};
 
 use crate::instances::Instances;
 
@@ -75,8 +76,13 @@ pub struct NodeAgent {
     instances: Instances,
 }
 
-/// How often the agent looks at its replicas and engines.
+/// How often the agent looks at its replicas and engines when nothing wakes it sooner (a
+/// process that exited shows no event).
 const RECONCILE_EVERY: Duration = Duration::from_millis(500);
+
+/// What wakes the agent sooner: a replica or engine created, removed or changed in its spec
+/// (not in its status, which the agent writes itself).
+const WATCHED: [(Kind, Wake); 2] = [(Kind::Replica, Wake::Spec), (Kind::Engine, Wake::Spec)];
 
 impl NodeAgent {
     pub fn new(store: Arc<dyn Store>, cfg: AgentConfig) -> Self {
@@ -278,11 +284,17 @@ impl NodeAgent {
             }
         };
         let processes = async {
+            let mut changes = Changes::watch(self.store.clone(), &WATCHED);
             loop {
                 if let Err(e) = self.instances.reconcile().await {
                     tracing::warn!("{e}");
                 }
-                if stopped(stop.clone(), RECONCILE_EVERY).await {
+                let mut rx = stop.clone();
+                tokio::select! {
+                    _ = changes.wait(RECONCILE_EVERY) => {}
+                    _ = rx.changed() => {}
+                }
+                if *rx.borrow() {
                     break;
                 }
             }

@@ -26,6 +26,13 @@
 //! a delete aborts the start first (a process the task already spawned is
 //! then found by its command line and stopped like any other).
 //!
+//! **So do replica teardowns.** Stopping a deleted replica (up to the grace
+//! period) and removing its directory (seconds for a large one) happen in a
+//! task of their own, which drops the finalizer last; a new volume's
+//! replicas, later in the same pass, do not wait behind an old volume's
+//! teardown. A teardown that fails leaves the finalizer, and a later pass
+//! starts another.
+//!
 //! Processes are found by command line ([`crate::process::find`]), so after a
 //! crash or restart of the manager the ones still running are adopted, and a
 //! process started just before a crash is never started a second time. A
@@ -62,6 +69,8 @@ use crate::tls::ReplicaTls;
 const REPLICA_READY_TIMEOUT: Duration = Duration::from_secs(30);
 const ENGINE_READY_TIMEOUT: Duration = Duration::from_secs(60);
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(2);
+/// The key of a replica's teardown task among the start tasks.
+const TEARDOWN: &str = "replica teardown";
 
 #[derive(Debug, thiserror::Error)]
 pub enum InstanceError {
@@ -324,30 +333,18 @@ impl Instances {
         } else if self.start_in_flight("replica", name) {
             return Ok(());
         }
-        let running = process::find(&id, r.status.pid);
         if r.metadata.deletion_timestamp.is_some() {
-            if let Some(pid) = running {
-                process::stop(pid, &id, self.grace).await;
+            // In a task of its own: stopping the process and removing a large directory take
+            // up to seconds, and the replicas and engines after this one in the pass (a new
+            // volume's, often) must not wait for them.
+            if !self.start_in_flight(TEARDOWN, name) {
+                let me = self.clone();
+                let r = r.clone();
+                self.spawn_start(TEARDOWN, name, async move { me.teardown_replica(&r).await });
             }
-            let dir = Path::new(&r.spec.data_path);
-            match std::fs::remove_dir_all(dir) {
-                Ok(()) => {
-                    tracing::info!(replica = %name, dir = %dir.display(), "replica directory removed")
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => {
-                    return Err(InstanceError::Remove {
-                        node: self.node.clone(),
-                        path: dir.to_path_buf(),
-                        source,
-                    });
-                }
-            }
-            let _ = std::fs::remove_file(self.log_dir.join(format!("replica-{name}.out")));
-            return self
-                .drop_finalizer::<Replica>(name, REPLICA_FINALIZER)
-                .await;
+            return Ok(());
         }
+        let running = process::find(&id, r.status.pid);
         let stdout = self.log_dir.join(format!("replica-{name}.out"));
         if let Some(pid) = running {
             // Adopt: the address is what the store says, else what it printed.
@@ -427,6 +424,39 @@ impl Instances {
             me.launch_replica(&owned, launch).await
         });
         Ok(())
+    }
+
+    /// The teardown task of a deleted replica: stop its process, remove its directory, then
+    /// let the object go. A failure leaves the finalizer; the next pass tries again.
+    async fn teardown_replica(&self, r: &Replica) -> Result<(), InstanceError> {
+        let name = &r.metadata.name;
+        let id = replica_identity(r);
+        if let Some(pid) = process::find(&id, r.status.pid) {
+            process::stop(pid, &id, self.grace).await;
+        }
+        let dir = PathBuf::from(&r.spec.data_path);
+        let removed = {
+            let dir = dir.clone();
+            tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir))
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        };
+        match removed {
+            Ok(()) => {
+                tracing::info!(replica = %name, dir = %dir.display(), "replica directory removed")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(InstanceError::Remove {
+                    node: self.node.clone(),
+                    path: dir,
+                    source,
+                });
+            }
+        }
+        let _ = std::fs::remove_file(self.log_dir.join(format!("replica-{name}.out")));
+        self.drop_finalizer::<Replica>(name, REPLICA_FINALIZER)
+            .await
     }
 
     /// The start task of a replica: launch, then record the outcome.

@@ -36,7 +36,6 @@ use zebu_backup::job::TargetRef;
 use zebu_backup::job::{BackupJob, JobKind, JobReport, JobSpec, ParentRef, RestoreJob};
 use zebu_backupstore::Manifest;
 use zebu_ops::backup::{job_target_ref, open_target_of};
-use zebu_types::Store;
 use zebu_types::names::{BACKUP_FAMILY_ANNOTATION, BACKUP_FINALIZER, FROM_BACKUP_ANNOTATION};
 use zebu_types::resources::{
     Backup, BackupSpec, BackupState, BackupStatus, BackupTarget, ConditionStatus, Engine, Replica,
@@ -44,9 +43,11 @@ use zebu_types::resources::{
 };
 use zebu_types::size::ByteSize;
 use zebu_types::store::{StoreError, TypedStore};
+use zebu_types::{Kind, Store};
 
 use crate::Membership;
 use crate::backup_jobs::{Attempt, Jobs};
+use crate::changes::{Changes, Wake};
 
 /// Attempts of one backup or restore before it is `error`.
 pub const MAX_ATTEMPTS: u32 = 5;
@@ -62,6 +63,20 @@ pub fn retry_backoff(attempts: u32) -> Duration {
     RETRY_BASE.saturating_mul(1 << doublings).min(RETRY_CAP)
 }
 const PERIOD: Duration = Duration::from_secs(1);
+/// How often the loop looks whether one of its job processes exited (a `waitpid` each, no
+/// store access): the pass that records the outcome runs then, not at the next period.
+const JOB_EXIT_POLL: Duration = Duration::from_millis(50);
+
+/// What wakes the controller before its period ends: a backup or a volume to restore
+/// created or deleted, a target set, a replica that came up (a restore waits for them).
+/// Backups and volumes wake it by their specs only: it writes their status (progress)
+/// itself on every pass.
+const WATCHED: [(Kind, Wake); 4] = [
+    (Kind::Backup, Wake::Spec),
+    (Kind::Volume, Wake::Spec),
+    (Kind::BackupTarget, Wake::Spec),
+    (Kind::Replica, Wake::Any),
+];
 
 /// What the controller needs from its host.
 #[derive(Debug, Clone)]
@@ -578,6 +593,10 @@ impl BackupController {
         match seen {
             Attempt::Running(rep) => {
                 r.state = RestoreState::InProgress;
+                // What the attempt's start cleared, in case that write was lost to a
+                // conflict: a "waiting for ..." left from before the start is stale now.
+                r.error.clear();
+                r.next_retry_at = None;
                 r.progress = rep.percent();
                 r.bytes_total = rep.bytes_total;
                 r.bytes_done = rep.bytes_done;
@@ -832,6 +851,7 @@ async fn run_gated(
     membership: Option<Arc<dyn Membership>>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut changes = Changes::watch(store.clone(), &WATCHED);
     let mut c = BackupController::new(store, cfg);
     let mut leading = membership.is_none();
     loop {
@@ -847,8 +867,17 @@ async fn run_gated(
         if leads && let Err(e) = c.pass().await {
             tracing::warn!("backup controller: {e}");
         }
+        let exited = async {
+            loop {
+                tokio::time::sleep(JOB_EXIT_POLL).await;
+                if c.jobs.reap_exited() {
+                    break;
+                }
+            }
+        };
         tokio::select! {
-            _ = tokio::time::sleep(PERIOD) => {}
+            _ = changes.wait(PERIOD) => {}
+            _ = exited => {}
             _ = stop.changed() => {}
         }
         if *stop.borrow() {

@@ -72,6 +72,17 @@ impl Jobs {
         find_pid(&self.job_file(job)).is_some()
     }
 
+    /// Forgets the processes this controller started that have exited (reaping them), and
+    /// says whether there were any: the pass after it reads their reports. Processes found
+    /// by their command line after a restart are not ours to wait for; the controller's
+    /// period finds those.
+    pub fn reap_exited(&mut self) -> bool {
+        let before = self.children.len();
+        self.children
+            .retain(|_, c| matches!(c.try_wait(), Ok(None)));
+        self.children.len() != before
+    }
+
     /// The attempt's state.
     pub fn attempt(&mut self, job: &str) -> Attempt {
         let running = self.running(job);

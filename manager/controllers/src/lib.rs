@@ -29,6 +29,7 @@
 pub mod backup;
 pub mod backup_jobs;
 pub mod cases;
+pub mod changes;
 pub mod engine_status;
 pub mod gc;
 pub mod node;
@@ -43,9 +44,9 @@ mod world;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use zebu_types::resources::Volume;
-use zebu_types::store::{KindWatcher, StoreError, TypedStore};
+use zebu_types::store::{StoreError, TypedStore};
 use zebu_types::{Kind, Store};
 
 pub use ownership::{OwnerAction, Role};
@@ -218,44 +219,18 @@ pub async fn run(store: Arc<dyn Store>, stop: watch::Receiver<bool>) {
 /// Run `controllers` until `stop` turns true: a pass on every change of a kind they read,
 /// and at least every second.
 pub async fn run_controllers(mut controllers: Controllers, mut stop: watch::Receiver<bool>) {
-    let store = controllers.store.clone();
-    let changed = Arc::new(Notify::new());
-    let watchers: Vec<_> = WATCHED
-        .into_iter()
-        .map(|kind| {
-            let store = store.clone();
-            let changed = changed.clone();
-            tokio::spawn(async move {
-                let mut w = KindWatcher::new(store, kind);
-                loop {
-                    match w.next().await {
-                        Ok(_) => changed.notify_one(),
-                        Err(e) => {
-                            tracing::warn!(%kind, "watch: {e}");
-                            tokio::time::sleep(PERIOD).await;
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
+    let kinds = WATCHED.map(|k| (k, changes::Wake::Any));
+    let mut changes = changes::Changes::watch(controllers.store.clone(), &kinds);
     loop {
         if let Err(e) = controllers.pass().await {
             tracing::warn!("controllers: {e}");
         }
         tokio::select! {
-            _ = changed.notified() => {
-                // Let a burst of writes land before the next pass.
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            _ = tokio::time::sleep(PERIOD) => {}
+            _ = changes.wait(PERIOD) => {}
             _ = stop.changed() => {}
         }
         if *stop.borrow() {
             break;
         }
-    }
-    for w in watchers {
-        w.abort();
     }
 }

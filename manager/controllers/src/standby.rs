@@ -147,6 +147,9 @@ impl StandbyController {
         match seen {
             Attempt::Running(rep) => {
                 r.state = RestoreState::InProgress;
+                // What the attempt's start cleared, in case that write was lost to a
+                // conflict: a "waiting for ..." left from before the start is stale now.
+                r.error.clear();
                 if let Some(b) = in_job {
                     r.backup = b;
                 }
