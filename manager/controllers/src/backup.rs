@@ -46,7 +46,7 @@ use zebu_types::store::{StoreError, TypedStore};
 use zebu_types::{Kind, Store};
 
 use crate::Membership;
-use crate::backup_jobs::{Attempt, Jobs};
+use crate::backup_jobs::{Attempt, Jobs, wait_for_work};
 use crate::changes::{Changes, Wake};
 
 /// Attempts of one backup or restore before it is `error`.
@@ -63,14 +63,10 @@ pub fn retry_backoff(attempts: u32) -> Duration {
     RETRY_BASE.saturating_mul(1 << doublings).min(RETRY_CAP)
 }
 const PERIOD: Duration = Duration::from_secs(1);
-/// How often the loop looks whether one of its job processes exited (a `waitpid` each, no
-/// store access): the pass that records the outcome runs then, not at the next period.
-const JOB_EXIT_POLL: Duration = Duration::from_millis(50);
-
-/// What wakes the controller before its period ends: a backup or a volume to restore
-/// created or deleted, a target set, a replica that came up (a restore waits for them).
-/// Backups and volumes wake it by their specs only: it writes their status (progress)
-/// itself on every pass.
+/// What wakes the controller before its period ends (besides one of its jobs exiting): a
+/// backup or a volume to restore created or deleted, a target set, a replica that came up (a
+/// restore waits for them). Backups and volumes wake it by their specs only: it writes their
+/// status (progress) itself on every pass.
 const WATCHED: [(Kind, Wake); 4] = [
     (Kind::Backup, Wake::Spec),
     (Kind::Volume, Wake::Spec),
@@ -867,17 +863,8 @@ async fn run_gated(
         if leads && let Err(e) = c.pass().await {
             tracing::warn!("backup controller: {e}");
         }
-        let exited = async {
-            loop {
-                tokio::time::sleep(JOB_EXIT_POLL).await;
-                if c.jobs.reap_exited() {
-                    break;
-                }
-            }
-        };
         tokio::select! {
-            _ = changes.wait(PERIOD) => {}
-            _ = exited => {}
+            _ = wait_for_work(&mut c.jobs, &mut changes, PERIOD) => {}
             _ = stop.changed() => {}
         }
         if *stop.borrow() {

@@ -12,6 +12,29 @@ use std::process::{Child, Command, Stdio};
 
 use zebu_backup::job::{JobReport, JobSpec, read_json, report_path, write_json_atomic};
 
+use crate::changes::Changes;
+
+/// How often a controller looks whether one of its job processes exited (a `waitpid` each, no
+/// store access): the pass that records the outcome runs then, not at its next period.
+const EXIT_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The wait between two passes of a controller that runs jobs: until one of its job
+/// processes exited, a watched change came, or `period` passed.
+pub async fn wait_for_work(jobs: &mut Jobs, changes: &mut Changes, period: std::time::Duration) {
+    let exited = async {
+        loop {
+            tokio::time::sleep(EXIT_POLL).await;
+            if jobs.reap_exited() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = changes.wait(period) => {}
+        _ = exited => {}
+    }
+}
+
 /// The binary that runs jobs.
 pub const RUNNER: &str = "zebu-backup-run";
 

@@ -33,7 +33,6 @@ use tokio::sync::watch;
 use zebu_backup::job::{JobKind, JobSpec, RestoreJob, read_json};
 use zebu_ops::backup::job_target_ref;
 use zebu_ops::standby::{family_of_backup, newest_backup_of, standby_source};
-use zebu_types::Store;
 use zebu_types::names::{
     BACKUP_FAMILY_ANNOTATION, STANDBY_ACTIVATE_ANNOTATION, STANDBY_FROM_ANNOTATION,
 };
@@ -42,9 +41,11 @@ use zebu_types::resources::{
     Volume, VolumeRestoreStatus,
 };
 use zebu_types::store::{StoreError, TypedStore};
+use zebu_types::{Kind, Store};
 
 use crate::backup::{BackupConfig, MAX_ATTEMPTS};
-use crate::backup_jobs::{Attempt, Jobs};
+use crate::backup_jobs::{Attempt, Jobs, wait_for_work};
+use crate::changes::{Changes, Wake};
 
 const PERIOD: Duration = Duration::from_secs(1);
 
@@ -336,13 +337,22 @@ impl StandbyController {
 
 /// Runs the standby controller until `stop` turns true.
 pub async fn run(store: Arc<dyn Store>, cfg: BackupConfig, mut stop: watch::Receiver<bool>) {
+    // A new backup of the source (made here, or found on the target by the backup
+    // controller's poll), a standby created or activated, a replica that came up; by spec
+    // for the volumes, whose status it writes itself.
+    let watched = [
+        (Kind::Backup, Wake::Spec),
+        (Kind::Volume, Wake::Spec),
+        (Kind::Replica, Wake::Any),
+    ];
+    let mut changes = Changes::watch(store.clone(), &watched);
     let mut c = StandbyController::new(store, cfg);
     loop {
         if let Err(e) = c.pass().await {
             tracing::warn!("standby controller: {e}");
         }
         tokio::select! {
-            _ = tokio::time::sleep(PERIOD) => {}
+            _ = wait_for_work(&mut c.jobs, &mut changes, PERIOD) => {}
             _ = stop.changed() => {}
         }
         if *stop.borrow() {
