@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use zebu_backup::job::{JobReport, JobSpec, read_json, report_path, write_json_atomic};
 
@@ -16,11 +17,11 @@ use crate::changes::Changes;
 
 /// How often a controller looks whether one of its job processes exited (a `waitpid` each, no
 /// store access): the pass that records the outcome runs then, not at its next period.
-const EXIT_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+const EXIT_POLL: Duration = Duration::from_millis(50);
 
 /// The wait between two passes of a controller that runs jobs: until one of its job
 /// processes exited, a watched change came, or `period` passed.
-pub async fn wait_for_work(jobs: &mut Jobs, changes: &mut Changes, period: std::time::Duration) {
+pub async fn wait_for_work(jobs: &mut Jobs, changes: &mut Changes, period: Duration) {
     let exited = async {
         loop {
             tokio::time::sleep(EXIT_POLL).await;
@@ -222,12 +223,12 @@ pub fn kill_all_in(dir: &Path) -> Vec<u32> {
             .stderr(Stdio::null())
             .status();
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
     while !pids.is_empty()
         && runner_pids(in_dir).iter().any(|p| pids.contains(p))
         && std::time::Instant::now() < deadline
     {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
     }
     pids
 }
