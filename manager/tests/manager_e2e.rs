@@ -8,7 +8,7 @@
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod common;
 use common::{
@@ -207,4 +207,68 @@ fn a_deleted_replica_that_ignores_sigterm_does_not_hold_up_a_new_volumes_replica
         "v1's replica directory is still there: {dirs:?}"
     );
     assert!(volume(&api, "v2").is_some());
+}
+
+/// The same for an engine: a detached volume's engine that ignores SIGTERM is stopped in a
+/// task of its own, so another volume's attach (its engine start, later in the agent's pass)
+/// does not wait for the old one's grace period; the stuck engine is still killed after it,
+/// and only then does its volume report detached.
+#[test]
+fn a_detached_engine_that_ignores_sigterm_does_not_hold_up_another_volumes_attach() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let up = start_up(tmp.path(), 1, FULL_DISK_OK);
+    let api = up.api.clone();
+    wait_nodes(&api, 1);
+    for name in ["e1", "e2"] {
+        ok(
+            &api,
+            &["volume", "create", name, "--size", "64M", "--replicas", "1"],
+        );
+    }
+    ok(&api, &["volume", "attach", "e1"]);
+    let engine = |n: &str| pids("zebu-engine", &format!("engine-{n}"));
+    let stuck = engine("e1");
+    assert_eq!(stuck.len(), 1, "e1's engine: {stuck:?}");
+    let stuck = stuck[0];
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(stuck),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .expect("SIGSTOP");
+    ok(&api, &["volume", "detach", "e1"]);
+    // Let the agent reach the stuck engine and send its SIGTERM.
+    wait_for("e1's engine object being deleted", 30, || {
+        volume(&api, "e1").is_some_and(|v| v["spec"]["nodeId"].is_null())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        engine("e1"),
+        vec![stuck],
+        "e1's engine went before its grace period"
+    );
+
+    let started = Instant::now();
+    ok(&api, &["volume", "attach", "e2"]);
+    let took = started.elapsed();
+    // The grace period is 10 s; waiting behind it, e2's attach would take ~9 s.
+    assert!(
+        took < Duration::from_secs(6),
+        "e2's attach took {took:?}: its engine waited for e1's teardown"
+    );
+    assert_eq!(engine("e2").len(), 1);
+    assert_eq!(
+        engine("e1"),
+        vec![stuck],
+        "e1's engine is still in its grace period"
+    );
+    assert_ne!(
+        volume(&api, "e1").expect("e1")["status"]["state"],
+        "detached",
+        "e1 reported detached while its engine still runs"
+    );
+
+    wait_for("e1's engine killed", 30, || engine("e1").is_empty());
+    wait_for("e1 detached", 30, || {
+        volume(&api, "e1").is_some_and(|v| v["status"]["state"] == "detached")
+    });
 }

@@ -26,12 +26,12 @@
 //! a delete aborts the start first (a process the task already spawned is
 //! then found by its command line and stopped like any other).
 //!
-//! **So do replica teardowns.** Stopping a deleted replica (up to the grace
-//! period) and removing its directory (seconds for a large one) happen in a
-//! task of their own, which drops the finalizer last; a new volume's
-//! replicas, later in the same pass, do not wait behind an old volume's
-//! teardown. A teardown that fails leaves the finalizer, and a later pass
-//! starts another.
+//! **So do teardowns.** Stopping a deleted replica or engine (up to the
+//! grace period) and removing a replica's directory (seconds for a large
+//! one) happen in a task of their own, which drops the finalizer last; a new
+//! volume's replicas and engine, later in the same pass, do not wait behind
+//! an old volume's teardown. A teardown that fails leaves the finalizer, and
+//! a later pass starts another.
 //!
 //! Processes are found by command line ([`crate::process::find`]), so after a
 //! crash or restart of the manager the ones still running are adopted, and a
@@ -69,8 +69,9 @@ use crate::tls::ReplicaTls;
 const REPLICA_READY_TIMEOUT: Duration = Duration::from_secs(30);
 const ENGINE_READY_TIMEOUT: Duration = Duration::from_secs(60);
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(2);
-/// The key of a replica's teardown task among the start tasks.
+/// The keys of teardown tasks among the start tasks.
 const TEARDOWN: &str = "replica teardown";
+const ENGINE_TEARDOWN: &str = "engine teardown";
 
 #[derive(Debug, thiserror::Error)]
 pub enum InstanceError {
@@ -513,13 +514,19 @@ impl Instances {
         } else if self.start_in_flight("engine", name) {
             return Ok(());
         }
-        let running = process::find(&id, e.status.pid);
         if e.metadata.deletion_timestamp.is_some() {
-            if let Some(pid) = running {
-                process::stop(pid, &id, self.grace).await;
+            // In a task of its own, as a replica's: an engine that ignores SIGTERM holds its
+            // stop for the grace period, and the node's other objects must not wait for it.
+            if !self.start_in_flight(ENGINE_TEARDOWN, name) {
+                let me = self.clone();
+                let e = e.clone();
+                self.spawn_start(ENGINE_TEARDOWN, name, async move {
+                    me.teardown_engine(&e).await
+                });
             }
-            return self.drop_finalizer::<Engine>(name, ENGINE_FINALIZER).await;
+            return Ok(());
         }
+        let running = process::find(&id, e.status.pid);
         let stdout = engine_stdout(e, &self.log_dir);
         if let Some(pid) = running {
             return self.observe_engine(e, pid, &stdout).await;
@@ -568,6 +575,16 @@ impl Instances {
             }
         });
         Ok(())
+    }
+
+    /// The teardown task of a deleted engine: stop its process, then let the object go.
+    async fn teardown_engine(&self, e: &Engine) -> Result<(), InstanceError> {
+        let id = engine_identity(e, &self.address, &self.log_dir);
+        if let Some(pid) = process::find(&id, e.status.pid) {
+            process::stop(pid, &id, self.grace).await;
+        }
+        self.drop_finalizer::<Engine>(&e.metadata.name, ENGINE_FINALIZER)
+            .await
     }
 
     /// The uuid and a local secret file of `volume` (issue 18; `zebu_types::secrets`), `None`
