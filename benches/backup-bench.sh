@@ -17,11 +17,11 @@
 # RSS. The goals of the issue are checked and printed PASS or FAIL.
 #
 #   benches/backup-bench.sh [OUT.txt]
-#   env: SIZE=4G REPLICAS=3 SERVER=moto|gofakes3|seaweedfs WORKDIR=/var/tmp/backup-bench
+#   env: SIZE=4G REPLICAS=3 SERVER=moto|gofakes3|seaweedfs|versitygw WORKDIR=/var/tmp/backup-bench
 #        ZEBU_BIN_DIR=target/release
 #
 # SERVER=moto (default) is the Python server the tests use; gofakes3 (Go, in memory) and
-# seaweedfs (Go, on disk) are faster servers, built once by benches/s3-server.sh into
+# seaweedfs and versitygw (Go, on disk) are faster servers, built once by benches/s3-server.sh into
 # /var/cache/zebu-tools, to see Zebu's own limits. Needs: zebu, zebu-engine,
 # zebu-replica, zebu-backup-run in ZEBU_BIN_DIR (`cargo build --release --workspace --bins`),
 # nbdcopy, qemu-io, restic, curl, jq, python3 (and the moto venv of
@@ -69,6 +69,38 @@ trap cleanup EXIT
 now() { date +%s.%N; }
 # The whole machine's CPU: "busy idle" jiffies so far, and the busy share between two of those.
 cpu_snap() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat; }
+# CPU seconds of every process, by pid (command name, utime + stime), and the difference of two
+# such snapshots grouped by command name: where a step's CPU went. A process that ends inside
+# the step (the backup job) is missing; the job reports its own CPU time in its log.
+proc_cpu() { python3 - <<'PY'
+import os
+hz = os.sysconf("SC_CLK_TCK")
+for pid in os.listdir("/proc"):
+    if not pid.isdigit():
+        continue
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        continue
+    comm = stat[stat.index("(") + 1:stat.rindex(")")].replace(" ", "_")
+    f = stat[stat.rindex(")") + 2:].split()
+    print(pid, comm, (int(f[11]) + int(f[12])) / hz)
+PY
+}
+proc_cpu_diff() { python3 - "$1" "$2" <<'PY'
+import sys
+def load(path):
+    return {l.split()[0]: (l.split()[1], float(l.split()[2])) for l in open(path)}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+by = {}
+for pid, (comm, t) in b.items():
+    d = t - a.get(pid, (comm, 0.0))[1]
+    if d > 0:
+        by[comm] = by.get(comm, 0.0) + d
+top = sorted(by.items(), key=lambda kv: -kv[1])
+print(", ".join(f"{c} {t:.1f}" for c, t in top if t >= 0.1) or "-")
+PY
+}
 busy_pct() { python3 -c "import sys;a=sys.argv[1].split();b=sys.argv[2].split();db=int(b[0])-int(a[0]);di=int(b[1])-int(a[1]);print(f'{100*db/max(1,db+di):.0f}')" "$1" "$2"; }
 since() { python3 -c "import sys;print(f'{float(sys.argv[2])-float(sys.argv[1]):.2f}')" "$1" "$(now)"; }
 rate() { python3 -c "import sys;print(f'{int(sys.argv[1])/float(sys.argv[2])/1048576:.1f}')" "$1" "$2"; }
@@ -80,8 +112,8 @@ free_port() { python3 -c "import socket;s=socket.socket();s.bind(('127.0.0.1',0)
 export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
 port=$(free_port)
 case "$SERVER" in
-  moto | gofakes3 | seaweedfs) ;;
-  *) echo "backup-bench: SERVER is moto, gofakes3 or seaweedfs" >&2; exit 2 ;;
+  moto | gofakes3 | seaweedfs | versitygw) ;;
+  *) echo "backup-bench: SERVER is moto, gofakes3, seaweedfs or versitygw" >&2; exit 2 ;;
 esac
 bash backupstore/scripts/moto-venv.sh >/dev/null # boto3 for the ceiling
 bash benches/s3-server.sh path "$SERVER" >/dev/null # builds it once, outside the run
@@ -202,9 +234,12 @@ backup() { # name -> "time read uploaded objects rss busy%"
   local t0 t b c0
   t0=$(now)
   c0=$(cpu_snap)
+  proc_cpu >"$WORKDIR/cpu-$1.before"
   "$zebu" backup create src --name "$1" --wait >"$WORKDIR/backup-$1.out" 2>&1
   t=$(since "$t0")
   local busy; busy=$(busy_pct "$c0" "$(cpu_snap)")
+  proc_cpu >"$WORKDIR/cpu-$1.after"
+  proc_cpu_diff "$WORKDIR/cpu-$1.before" "$WORKDIR/cpu-$1.after" >"$WORKDIR/cpu-$1.txt"
   b=$("$zebu" backup get "$1" -o json)
   echo "$t $(jq -r .status.read <<<"$b") $(jq -r .status.uploaded <<<"$b") $(jq -r '.status.objects // 0' <<<"$b") $(peak_rss "$t0" "$(now)") $busy"
 }
@@ -314,6 +349,10 @@ zebu store after both backups: $objs_after objects, $(m $stored_after) MiB ($obj
 
 the jobs' own accounts (wait_* in ms):
 $job_lines
+
+CPU seconds by process during each backup (the job's own is its cpu_ms above):
+    full: $(cat "$WORKDIR/cpu-full.txt")
+    incr: $(cat "$WORKDIR/cpu-incr.txt")
 EOF
 )
 echo "$report"
