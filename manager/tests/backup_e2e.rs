@@ -12,6 +12,10 @@
 //!   does not exist): one clear line each, within seconds, nothing recorded.
 //! - A flipped byte in a pack object: `zebu backup verify` and a restore both fail naming
 //!   the object and the chunk, and the restored volume cannot be attached.
+//! - Bit rot on a replica's disk: a block that fails its checksum on the replica the backup
+//!   reads is read from another replica (the backup restores byte-identical to what was
+//!   written); a block bad on every replica fails the backup, naming it, and nothing is
+//!   listed.
 //!
 //! Needs `zebu-replica`, `zebu-engine` and `zebu-backup-run` built next to `zebu`,
 //! `qemu-io` and `qemu-img`, and python3 (the moto venv).
@@ -565,5 +569,99 @@ fn a_flipped_byte_in_a_pack_fails_verify_and_restore_naming_the_object() {
     assert!(why.contains("chunk") && why.contains("corrupt"), "{why}");
     let e = fails(&api, &["volume", "attach", "v3"]);
     assert!(e.contains("failed"), "{e}");
+    drop(up);
+}
+
+#[test]
+fn blocks_rotten_on_a_replica_are_read_from_another_and_rotten_on_all_fail_the_backup() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let _runners = KillRunners(tmp.path().display().to_string());
+    let store = tmp.path().join("target");
+    std::fs::create_dir_all(&store).expect("target dir");
+    let up = start_up_env(tmp.path(), 3, &[]);
+    let api = up.api.clone();
+    wait_nodes(&api, 3);
+    let url = format!("file://{}", store.display());
+    ok(&api, &["backup", "target", "set", &url]);
+    ok(
+        &api,
+        &[
+            "volume",
+            "create",
+            "v",
+            "--size",
+            "64M",
+            "--replicas",
+            "3",
+            "--frontend",
+            "nbd",
+        ],
+    );
+    let endpoint = ok(&api, &["volume", "attach", "v"]).trim().to_string();
+    let data = store_fixtures::random_bytes(11, 32 << 20);
+    let random = tmp.path().join("random.img");
+    std::fs::write(&random, &data).expect("random");
+    let st = Command::new("nbdcopy")
+        .arg(&random)
+        .arg(&endpoint)
+        .status()
+        .expect("nbdcopy");
+    assert!(st.success(), "nbdcopy into {endpoint}");
+    qemu_io(&endpoint, "flush");
+    wait_for("healthy", 60, || {
+        volume(&api, "v").is_some_and(|v| v["status"]["robustness"] == "healthy")
+    });
+    let layers: Vec<PathBuf> = replica_dirs(tmp.path(), 3)
+        .iter()
+        .map(|d| head_layer(d))
+        .collect();
+    assert_eq!(layers.len(), 3, "{layers:?}");
+
+    // One bad block on each replica, in windows of the backup's read far apart: whichever
+    // replica the backup reads first has one, and each block has two good copies. Nothing
+    // reads the volume until the backups are done (the engine would repair what it reads).
+    let mib = 1u64 << 20;
+    for (r, at) in [(0, 2 * mib), (1, 12 * mib), (2, 22 * mib)] {
+        flip(&layers[r], at + 1234);
+    }
+    let out = ok(&api, &["backup", "create", "v", "--name", "b1", "--wait"]);
+    assert!(!out.is_empty());
+    let restored = restore_image(&api, "b1", "v1", tmp.path());
+    let mut want = data.clone();
+    want.resize(64 << 20, 0);
+    assert_eq!(
+        first_difference(&restored, &want),
+        None,
+        "the backup stored a block that failed its checksum on the replica it was read from"
+    );
+
+    // A block bad on every replica: the backup fails and says which, and is never listed.
+    // (Written again first, so the incremental backup reads it, from the new head layers.)
+    let everywhere = 30 * mib + 8192;
+    qemu_io(&endpoint, &format!("write -P 0x5c {everywhere} 4k"));
+    qemu_io(&endpoint, "flush");
+    for dir in replica_dirs(tmp.path(), 3) {
+        flip(&head_layer(&dir), everywhere + 77);
+    }
+    ok(&api, &["backup", "create", "v", "--name", "b2"]);
+    let mut why = String::new();
+    wait_for(
+        "the backup of a block bad everywhere reports it",
+        120,
+        || {
+            let b = backup(&api, "b2").expect("b2");
+            assert_ne!(b["status"]["state"], "completed", "{b}");
+            why = b["status"]["error"].as_str().unwrap_or("").to_string();
+            why.contains("fail their checksum")
+        },
+    );
+    assert!(why.contains(&format!("at byte {everywhere}")), "{why}");
+    let listed = ok(&api, &["backup", "ls", "v"]);
+    assert!(
+        !listed
+            .lines()
+            .any(|l| l.contains("b2") && l.contains("completed")),
+        "{listed}"
+    );
     drop(up);
 }

@@ -23,43 +23,11 @@ const BLOCK: u64 = 4096;
 /// Short enough for a test, long enough that the manual scrub comes first.
 const INTERVAL: u64 = 60;
 
-/// The head layer file of a replica directory (the highest-numbered layer).
-fn head_layer(dir: &Path) -> PathBuf {
-    let mut layers: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("layer-") && n.ends_with(".img"))
-        })
-        .collect();
-    layers.sort();
-    layers
-        .pop()
-        .unwrap_or_else(|| panic!("no layer file in {}", dir.display()))
-}
-
 fn byte_at(path: &Path, offset: u64) -> u8 {
     let f = std::fs::File::open(path).expect("open layer");
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, offset).expect("read a byte");
     b[0]
-}
-
-/// Flip a bit of the byte at `offset` of a layer file, as a rotting disk would; the replica
-/// uses the page cache, so it reads the flipped byte at once.
-fn flip(path: &Path, offset: u64) {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .expect("open layer");
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, offset).expect("read a byte");
-    b[0] ^= 0x10;
-    f.write_all_at(&b, offset).expect("flip a bit");
 }
 
 /// Flip one byte in each of `blocks` (replica index, block number) and check they read back

@@ -15,6 +15,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use zebu_proto::replica as pb;
 use zebu_proto::replica::replica_client::ReplicaClient;
+use zebu_proto::sums::{SUM_BLOCK, SUM_BLOCK_U64, crcs_of};
 
 /// How long connecting and a short call may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -39,6 +40,19 @@ pub enum ReplicaError {
     },
     #[error("replica {addr}: {what}")]
     Protocol { addr: String, what: String },
+    /// Blocks the replica read and found not matching their checksum (bit rot on its disk):
+    /// it sends them as they are, marked, and a backup must not store them as good.
+    #[error(
+        "replica {addr}: layer {layer:?}: {} block(s) fail their checksum on the replica, first at byte {}",
+        .offsets.len(),
+        .offsets.first().copied().unwrap_or_default()
+    )]
+    Corrupt {
+        addr: String,
+        layer: String,
+        /// Volume offsets of the bad 4 KiB blocks.
+        offsets: Vec<u64>,
+    },
 }
 
 /// The secret of the volume this process's job is about; see the module docs.
@@ -186,8 +200,53 @@ impl ReplicaLink {
         Ok(crate::chain::union(&[&out]))
     }
 
+    /// Refuses a `ReadLayer` chunk with blocks the replica found bad, or whose data does not
+    /// match the checksums it came with (damaged on the way: a replica that sends sums sends
+    /// them for every block).
+    fn check_layer_chunk(&self, layer: &str, msg: &pb::LayerChunk) -> Result<(), ReplicaError> {
+        if !msg.corrupt.is_empty() {
+            return Err(ReplicaError::Corrupt {
+                addr: self.addr.clone(),
+                layer: layer.to_string(),
+                offsets: msg
+                    .corrupt
+                    .iter()
+                    .map(|&b| msg.offset + u64::from(b) * SUM_BLOCK_U64)
+                    .collect(),
+            });
+        }
+        if msg.crc32c.is_empty() {
+            return Ok(());
+        }
+        let blocks = msg.data.len().div_ceil(SUM_BLOCK);
+        if msg.crc32c.len() != blocks {
+            return Err(ReplicaError::Protocol {
+                addr: self.addr.clone(),
+                what: format!(
+                    "ReadLayer of {layer:?} sent {} checksums for {blocks} blocks at {}",
+                    msg.crc32c.len(),
+                    msg.offset
+                ),
+            });
+        }
+        let bad = crcs_of(&msg.data)
+            .zip(&msg.crc32c)
+            .position(|(got, &want)| got != want);
+        if let Some(i) = bad {
+            return Err(ReplicaError::Protocol {
+                addr: self.addr.clone(),
+                what: format!(
+                    "ReadLayer of {layer:?}: the block at byte {} does not match the checksum it was sent with",
+                    msg.offset + i as u64 * SUM_BLOCK_U64
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Reads `ranges` of one layer (its own bytes, not resolved) into `buf`, which holds the
-    /// volume from offset `base`. Returns the bytes received.
+    /// volume from offset `base`. Returns the bytes received; a chunk with blocks the replica
+    /// found bad, or damaged on the way, is an error (the reader then tries another replica).
     pub async fn read_layer_into(
         &self,
         layer: &str,
@@ -224,6 +283,7 @@ impl ReplicaLink {
                 Ok(None) => break,
                 Ok(Some(m)) => m.map_err(self.call_err("ReadLayer"))?,
             };
+            self.check_layer_chunk(layer, &msg)?;
             let start = msg.offset.checked_sub(base).map(|s| s as usize);
             let end = start.and_then(|s| s.checked_add(msg.data.len()));
             match (start, end) {

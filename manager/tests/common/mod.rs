@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test file uses its own subset
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -332,4 +333,36 @@ pub fn background_writer(
             (report, check.wrong.len())
         })
     })
+}
+
+/// The head layer file of a replica directory (the highest-numbered layer).
+pub fn head_layer(dir: &Path) -> PathBuf {
+    let mut layers: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("layer-") && n.ends_with(".img"))
+        })
+        .collect();
+    layers.sort();
+    layers
+        .pop()
+        .unwrap_or_else(|| panic!("no layer file in {}", dir.display()))
+}
+
+/// Flip a bit of the byte at `offset` of a layer file, as a rotting disk would; the replica
+/// uses the page cache, so it reads the flipped byte at once.
+pub fn flip(path: &Path, offset: u64) {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("open layer");
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).expect("read a byte");
+    b[0] ^= 0x10;
+    f.write_all_at(&b, offset).expect("flip a bit");
 }
