@@ -26,7 +26,7 @@ use zebu_backupstore::{
 };
 
 use crate::job::{BackupJob, JobReport, JobSpec};
-use crate::read::{ReadError, SnapshotReader};
+use crate::read::{ReadError, SnapshotReader, Window};
 use crate::report::{JobFailure, Reporter};
 
 /// Bytes of the volume one read covers (a multiple of the chunk size).
@@ -145,7 +145,7 @@ pub async fn run(spec: &JobSpec, job: &BackupJob, rep: &Reporter) -> Result<(), 
     // The replica's reads run beside the writer, not in turns with it: a producer keeps
     // `READS_IN_FLIGHT` window reads going and queues what came (at most `READY` windows),
     // while the loop below hands chunks to the writer. Both are futures of this task.
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<(Range<u64>, Bytes), ReadError>>(READY);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<(Range<u64>, Window), ReadError>>(READY);
     let produce = async move {
         let mut reads = futures::stream::iter(wins.into_iter().map(|win| async move {
             let data = reader_ref.read(win.clone()).await?;
@@ -174,9 +174,9 @@ pub async fn run(spec: &JobSpec, job: &BackupJob, rep: &Reporter) -> Result<(), 
             wait_reads += t.elapsed();
             let t = Instant::now();
             let (win, data) = next.map_err(JobFailure::from)?;
-            for (i, c) in data.chunks(cs as usize).enumerate() {
-                let at = win.start + i as u64 * cs;
-                w.put_chunk(at, data.slice_ref(c)).await?;
+            for at in (win.start..win.end).step_by(cs as usize) {
+                w.put_chunk(at, data.slice(at..(at + cs).min(win.end)))
+                    .await?;
             }
             wait_writer += t.elapsed();
             done += win.end - win.start;

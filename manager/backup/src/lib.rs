@@ -25,7 +25,7 @@
 //! use zebu_backup::SnapshotReader;
 //! let r = SnapshotReader::open("db", "snap-1", &["127.0.0.11:9501".to_string()]).await?;
 //! let written = r.extents_since(None).await.unwrap_or_default();
-//! let first_mib = r.read(0..1 << 20).await?;
+//! let first_mib = r.read(0..1 << 20).await?.slice(0..1 << 20);
 //! # let _ = (written, first_mib); Ok(()) }
 //! ```
 

@@ -189,7 +189,7 @@ impl SnapshotReader {
     }
 
     /// The snapshot's bytes in `window` (zeros where no layer holds data).
-    pub async fn read(&self, window: Range<u64>) -> Result<Bytes, ReadError> {
+    pub async fn read(&self, window: Range<u64>) -> Result<Window, ReadError> {
         let mut failures = Vec::new();
         for _ in 0..=self.addrs.len() {
             let (link, names, extents, epoch, index) = {
@@ -300,28 +300,130 @@ impl SnapshotReader {
     }
 }
 
-/// One window, resolved through the chain on one replica: the bytes and how many came over
-/// the wire.
+/// One window of the snapshot as it came from a replica: the data pieces of its layers,
+/// resolved through the chain (disjoint: each byte from the newest layer holding it), zeros
+/// between them. Kept as received, so a chunk that one piece covers is handed on without a
+/// copy (a replica streams whole extents in 1 MiB messages, which line up with the chunks
+/// when an extent starts on a chunk boundary).
+#[derive(Clone, Debug)]
+pub struct Window {
+    range: Range<u64>,
+    /// Sorted by offset.
+    pieces: Vec<(u64, Bytes)>,
+}
+
+impl Window {
+    /// The bytes of `r`, a range inside the window.
+    pub fn slice(&self, r: Range<u64>) -> Bytes {
+        debug_assert!(self.range.start <= r.start && r.end <= self.range.end);
+        // The first piece that ends after r.start.
+        let first = self
+            .pieces
+            .partition_point(|(at, b)| at + b.len() as u64 <= r.start);
+        if let Some((at, b)) = self.pieces.get(first)
+            && *at <= r.start
+            && r.end <= at + b.len() as u64
+        {
+            return b.slice((r.start - at) as usize..(r.end - at) as usize);
+        }
+        if self.pieces.get(first).is_none_or(|(at, _)| *at >= r.end) {
+            return crate::backup_job::zeros((r.end - r.start) as usize);
+        }
+        let mut out = vec![0u8; (r.end - r.start) as usize];
+        for (at, b) in &self.pieces[first..] {
+            if *at >= r.end {
+                break;
+            }
+            let from = r.start.max(*at);
+            let to = r.end.min(at + b.len() as u64);
+            out[(from - r.start) as usize..(to - r.start) as usize]
+                .copy_from_slice(&b[(from - at) as usize..(to - at) as usize]);
+        }
+        Bytes::from(out)
+    }
+}
+
+/// One window, resolved through the chain on one replica: its pieces and how many bytes
+/// came over the wire.
 async fn read_window(
     link: &ReplicaLink,
     names: &[String],
     extents: &[Vec<Range<u64>>],
     window: Range<u64>,
-) -> Result<(Bytes, u64), ReplicaError> {
-    let mut buf = vec![0u8; (window.end - window.start) as usize];
+) -> Result<(Window, u64), ReplicaError> {
     let pieces = resolve(extents, window.clone());
     let mut by_layer: Vec<Vec<Range<u64>>> = vec![Vec::new(); names.len()];
     for (layer, r) in pieces {
         by_layer[layer].push(r);
     }
     let mut got = 0;
+    let mut all = Vec::new();
     for (layer, ranges) in by_layer.iter().enumerate() {
         if ranges.is_empty() {
             continue;
         }
-        got += link
-            .read_layer_into(&names[layer], ranges, window.start, &mut buf)
+        let (pieces, n) = link
+            .read_layer_pieces(&names[layer], ranges, &window)
             .await?;
+        got += n;
+        all.extend(pieces);
     }
-    Ok((Bytes::from(buf), got))
+    all.sort_by_key(|(at, _)| *at);
+    Ok((
+        Window {
+            range: window,
+            pieces: all,
+        },
+        got,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(range: Range<u64>, pieces: &[(u64, &[u8])]) -> Window {
+        Window {
+            range,
+            pieces: pieces
+                .iter()
+                .map(|(at, b)| (*at, Bytes::copy_from_slice(b)))
+                .collect(),
+        }
+    }
+
+    /// The window's bytes the slow way: zeros, then every piece copied in.
+    fn flat(w: &Window) -> Vec<u8> {
+        let mut out = vec![0u8; (w.range.end - w.range.start) as usize];
+        for (at, b) in &w.pieces {
+            let s = (at - w.range.start) as usize;
+            out[s..s + b.len()].copy_from_slice(b);
+        }
+        out
+    }
+
+    #[test]
+    fn a_slice_one_piece_covers_is_that_piece_and_others_are_assembled_with_zeros() {
+        let w = window(
+            100..200,
+            &[(100, &[1; 10]), (110, &[2; 10]), (150, &[3; 20])],
+        );
+        let whole = flat(&w);
+        for start in 100..200u64 {
+            for end in start + 1..=200 {
+                assert_eq!(
+                    w.slice(start..end),
+                    whole[(start - 100) as usize..(end - 100) as usize],
+                    "{start}..{end}"
+                );
+            }
+        }
+        // Covered by one piece: a view of its buffer, not a copy.
+        let piece = &w.pieces[2].1;
+        let s = w.slice(155..165);
+        assert_eq!(s.as_ptr(), piece[5..].as_ptr());
+        // No pieces at all: zeros.
+        let empty = window(0..8, &[]);
+        assert_eq!(empty.slice(0..8), vec![0u8; 8]);
+    }
 }

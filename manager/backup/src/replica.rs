@@ -9,6 +9,7 @@
 use std::ops::Range;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
@@ -244,16 +245,16 @@ impl ReplicaLink {
         Ok(())
     }
 
-    /// Reads `ranges` of one layer (its own bytes, not resolved) into `buf`, which holds the
-    /// volume from offset `base`. Returns the bytes received; a chunk with blocks the replica
-    /// found bad, or damaged on the way, is an error (the reader then tries another replica).
-    pub async fn read_layer_into(
+    /// Reads `ranges` of one layer (its own bytes, not resolved), which lie in `window`:
+    /// the pieces as they came (offset, bytes; no copy) and how many bytes that was. A chunk
+    /// with blocks the replica found bad, or damaged on the way, is an error (the reader then
+    /// tries another replica).
+    pub async fn read_layer_pieces(
         &self,
         layer: &str,
         ranges: &[Range<u64>],
-        base: u64,
-        buf: &mut [u8],
-    ) -> Result<u64, ReplicaError> {
+        window: &Range<u64>,
+    ) -> Result<(Vec<(u64, Bytes)>, u64), ReplicaError> {
         let want: u64 = ranges.iter().map(|r| r.end - r.start).sum();
         let mut c = self.client.clone();
         let req = pb::ReadLayerRequest {
@@ -270,6 +271,7 @@ impl ReplicaLink {
             .bounded("ReadLayer", CALL_TIMEOUT, c.read_layer(req))
             .await?;
         let mut got = 0u64;
+        let mut pieces = Vec::new();
         loop {
             let next = tokio::time::timeout(CALL_TIMEOUT * 3, stream.next()).await;
             let msg = match next {
@@ -284,22 +286,21 @@ impl ReplicaLink {
                 Ok(Some(m)) => m.map_err(self.call_err("ReadLayer"))?,
             };
             self.check_layer_chunk(layer, &msg)?;
-            let start = msg.offset.checked_sub(base).map(|s| s as usize);
-            let end = start.and_then(|s| s.checked_add(msg.data.len()));
-            match (start, end) {
-                (Some(s), Some(e)) if e <= buf.len() => buf[s..e].copy_from_slice(&msg.data),
-                _ => {
-                    return Err(ReplicaError::Protocol {
-                        addr: self.addr.clone(),
-                        what: format!(
-                            "ReadLayer sent {} bytes at {} outside the window at {base}",
-                            msg.data.len(),
-                            msg.offset
-                        ),
-                    });
-                }
+            let end = msg.offset.checked_add(msg.data.len() as u64);
+            if msg.offset < window.start || end.is_none_or(|e| e > window.end) {
+                return Err(ReplicaError::Protocol {
+                    addr: self.addr.clone(),
+                    what: format!(
+                        "ReadLayer sent {} bytes at {} outside the window {window:?}",
+                        msg.data.len(),
+                        msg.offset
+                    ),
+                });
             }
             got += msg.data.len() as u64;
+            if !msg.data.is_empty() {
+                pieces.push((msg.offset, msg.data));
+            }
         }
         if got != want {
             return Err(ReplicaError::Protocol {
@@ -307,7 +308,7 @@ impl ReplicaLink {
                 what: format!("ReadLayer of {layer:?} sent {got} bytes of {want}"),
             });
         }
-        Ok(got)
+        Ok((pieces, got))
     }
 
     /// Streams data into a snapshot layer (created if missing, see `WriteLayerRequest`).
