@@ -227,7 +227,10 @@ nbdcopy "$img" "$ep"
 sync
 
 # --- reference: nbdcopy of the volume to null (the read side of the data path)
+proc_cpu >"$WORKDIR/cpu-read.before"
 c0=$(cpu_snap); t0=$(now); nbdcopy "$ep" null:; t_read=$(since "$t0"); busy_read=$(busy_pct "$c0" "$(cpu_snap)")
+proc_cpu >"$WORKDIR/cpu-read.after"
+proc_cpu_diff "$WORKDIR/cpu-read.before" "$WORKDIR/cpu-read.after" >"$WORKDIR/cpu-read.txt"
 
 # --- backups
 backup() { # name -> "time read uploaded objects rss busy%"
@@ -350,9 +353,11 @@ zebu store after both backups: $objs_after objects, $(m $stored_after) MiB ($obj
 the jobs' own accounts (wait_* in ms):
 $job_lines
 
-CPU seconds by process during each backup (the job's own is its cpu_ms above):
+CPU seconds by process during each backup (the job's own is its cpu_ms above), and during
+the nbdcopy read of the volume (nbdcopy ends inside it, so it is missing):
     full: $(cat "$WORKDIR/cpu-full.txt")
     incr: $(cat "$WORKDIR/cpu-incr.txt")
+    nbdcopy read: $(cat "$WORKDIR/cpu-read.txt")
 EOF
 )
 echo "$report"
