@@ -146,6 +146,43 @@ fn volume_json(api: &str, name: &str) -> Value {
     volume(api, name).unwrap_or_else(|| panic!("volume {name} missing"))
 }
 
+/// `zebu up` with 3 nodes and a file backup target under `dir`, a 64 MiB 3-replica NBD
+/// volume `v` attached, `data` written at its start: the cluster, the target's directory and
+/// the volume's endpoint.
+fn random_volume_on_a_file_target(dir: &Path, data: &[u8]) -> (Up, PathBuf, String) {
+    let store = dir.join("target");
+    std::fs::create_dir_all(&store).expect("target dir");
+    let up = start_up_env(dir, 3, &[]);
+    let api = up.api.clone();
+    wait_nodes(&api, 3);
+    let url = format!("file://{}", store.display());
+    ok(&api, &["backup", "target", "set", &url]);
+    ok(
+        &api,
+        &[
+            "volume",
+            "create",
+            "v",
+            "--size",
+            "64M",
+            "--replicas",
+            "3",
+            "--frontend",
+            "nbd",
+        ],
+    );
+    let endpoint = ok(&api, &["volume", "attach", "v"]).trim().to_string();
+    let random = dir.join("random.img");
+    std::fs::write(&random, data).expect("random");
+    let st = Command::new("nbdcopy")
+        .arg(&random)
+        .arg(&endpoint)
+        .status()
+        .expect("nbdcopy");
+    assert!(st.success(), "nbdcopy into {endpoint}");
+    (up, store, endpoint)
+}
+
 fn objects_in(store: &Path) -> Vec<PathBuf> {
     fn walk(p: &Path, out: &mut Vec<PathBuf>) {
         if let Ok(rd) = std::fs::read_dir(p) {
@@ -483,37 +520,10 @@ fn lines(s: &str) -> usize {
 fn a_flipped_byte_in_a_pack_fails_verify_and_restore_naming_the_object() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let _runners = KillRunners(tmp.path().display().to_string());
-    let store = tmp.path().join("target");
-    std::fs::create_dir_all(&store).expect("target dir");
-    let up = start_up_env(tmp.path(), 3, &[]);
-    let api = up.api.clone();
-    wait_nodes(&api, 3);
-    let url = format!("file://{}", store.display());
-    ok(&api, &["backup", "target", "set", &url]);
-    ok(
-        &api,
-        &[
-            "volume",
-            "create",
-            "v",
-            "--size",
-            "64M",
-            "--replicas",
-            "3",
-            "--frontend",
-            "nbd",
-        ],
-    );
-    let endpoint = ok(&api, &["volume", "attach", "v"]).trim().to_string();
     // Random data, so the pack holds incompressible chunks and most of its bytes are data.
-    let random = tmp.path().join("random.img");
-    std::fs::write(&random, store_fixtures::random_bytes(7, 4 << 20)).expect("random");
-    let st = Command::new("nbdcopy")
-        .arg(&random)
-        .arg(&endpoint)
-        .status()
-        .expect("nbdcopy");
-    assert!(st.success(), "nbdcopy into {endpoint}");
+    let (up, store, endpoint) =
+        random_volume_on_a_file_target(tmp.path(), &store_fixtures::random_bytes(7, 4 << 20));
+    let api = up.api.clone();
     ok(&api, &["backup", "create", "v", "--name", "good", "--wait"]);
     let out = ok(&api, &["backup", "verify", "good"]);
     assert!(out.contains("ok"), "{out}");
@@ -576,37 +586,9 @@ fn a_flipped_byte_in_a_pack_fails_verify_and_restore_naming_the_object() {
 fn blocks_rotten_on_a_replica_are_read_from_another_and_rotten_on_all_fail_the_backup() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let _runners = KillRunners(tmp.path().display().to_string());
-    let store = tmp.path().join("target");
-    std::fs::create_dir_all(&store).expect("target dir");
-    let up = start_up_env(tmp.path(), 3, &[]);
-    let api = up.api.clone();
-    wait_nodes(&api, 3);
-    let url = format!("file://{}", store.display());
-    ok(&api, &["backup", "target", "set", &url]);
-    ok(
-        &api,
-        &[
-            "volume",
-            "create",
-            "v",
-            "--size",
-            "64M",
-            "--replicas",
-            "3",
-            "--frontend",
-            "nbd",
-        ],
-    );
-    let endpoint = ok(&api, &["volume", "attach", "v"]).trim().to_string();
     let data = store_fixtures::random_bytes(11, 32 << 20);
-    let random = tmp.path().join("random.img");
-    std::fs::write(&random, &data).expect("random");
-    let st = Command::new("nbdcopy")
-        .arg(&random)
-        .arg(&endpoint)
-        .status()
-        .expect("nbdcopy");
-    assert!(st.success(), "nbdcopy into {endpoint}");
+    let (up, _store, endpoint) = random_volume_on_a_file_target(tmp.path(), &data);
+    let api = up.api.clone();
     qemu_io(&endpoint, "flush");
     wait_for("healthy", 60, || {
         volume(&api, "v").is_some_and(|v| v["status"]["robustness"] == "healthy")
