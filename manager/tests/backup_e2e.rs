@@ -146,6 +146,18 @@ fn volume_json(api: &str, name: &str) -> Value {
     volume(api, name).unwrap_or_else(|| panic!("volume {name} missing"))
 }
 
+/// Writes `data` at the start of the device behind `endpoint` with `nbdcopy`, from the file
+/// `via`.
+fn write_through_nbd(via: &Path, data: &[u8], endpoint: &str) {
+    std::fs::write(via, data).expect("write the data file");
+    let st = Command::new("nbdcopy")
+        .arg(via)
+        .arg(endpoint)
+        .status()
+        .expect("nbdcopy");
+    assert!(st.success(), "nbdcopy into {endpoint}");
+}
+
 /// `zebu up` with 3 nodes and a file backup target under `dir`, a 64 MiB 3-replica NBD
 /// volume `v` attached, `data` written at its start: the cluster, the target's directory and
 /// the volume's endpoint.
@@ -172,14 +184,7 @@ fn random_volume_on_a_file_target(dir: &Path, data: &[u8]) -> (Up, PathBuf, Stri
         ],
     );
     let endpoint = ok(&api, &["volume", "attach", "v"]).trim().to_string();
-    let random = dir.join("random.img");
-    std::fs::write(&random, data).expect("random");
-    let st = Command::new("nbdcopy")
-        .arg(&random)
-        .arg(&endpoint)
-        .status()
-        .expect("nbdcopy");
-    assert!(st.success(), "nbdcopy into {endpoint}");
+    write_through_nbd(&dir.join("random.img"), data, &endpoint);
     (up, store, endpoint)
 }
 
@@ -397,13 +402,11 @@ fn backups_under_io_to_s3_restore_byte_identical_and_survive_a_killed_upload() {
     // b4: the manager is killed -9 while the upload runs; the upload goes on, and the next
     // manager finds its process and records the backup.
     let random = tmp.path().join("random.img");
-    std::fs::write(&random, store_fixtures::random_bytes(11, 48 << 20)).expect("random");
-    let st = Command::new("nbdcopy")
-        .arg(&random)
-        .arg(&endpoint)
-        .status()
-        .expect("nbdcopy");
-    assert!(st.success(), "nbdcopy into {endpoint}");
+    write_through_nbd(
+        &random,
+        &store_fixtures::random_bytes(11, 48 << 20),
+        &endpoint,
+    );
     let src_b4 = image(&endpoint, &tmp.path().join("src-b4.img"));
     ok(&api, &["backup", "create", "src", "--name", "b4"]);
     let needle = format!("{}/backups/jobs/backup-b4.json", tmp.path().display());
@@ -451,13 +454,11 @@ fn backups_under_io_to_s3_restore_byte_identical_and_survive_a_killed_upload() {
         .expect("src is attached")
         .to_string();
     // 64 MiB that neither compresses nor deduplicates: an upload that lasts.
-    std::fs::write(&random, store_fixtures::random_bytes(12, 64 << 20)).expect("random");
-    let st = Command::new("nbdcopy")
-        .arg(&random)
-        .arg(&endpoint)
-        .status()
-        .expect("nbdcopy");
-    assert!(st.success(), "nbdcopy into {endpoint}");
+    write_through_nbd(
+        &random,
+        &store_fixtures::random_bytes(12, 64 << 20),
+        &endpoint,
+    );
     let src_b5 = image(&endpoint, &tmp.path().join("src-b5.img"));
     ok(&api, &["backup", "create", "src", "--name", "b5"]);
     let job = format!("{}/backups/jobs/backup-b5.json", tmp.path().display());
