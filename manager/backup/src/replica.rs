@@ -272,6 +272,11 @@ impl ReplicaLink {
             .await?;
         let mut got = 0u64;
         let mut pieces = Vec::new();
+        // The replica streams the ranges in order, each from its start: every message must
+        // begin where the last one ended (or at the next range) and stay inside its range,
+        // so the pieces cover exactly what was asked, without overlaps.
+        let mut todo = ranges.iter().filter(|r| r.start < r.end).cloned();
+        let mut cur = todo.next();
         loop {
             let next = tokio::time::timeout(CALL_TIMEOUT * 3, stream.next()).await;
             let msg = match next {
@@ -286,21 +291,33 @@ impl ReplicaLink {
                 Ok(Some(m)) => m.map_err(self.call_err("ReadLayer"))?,
             };
             self.check_layer_chunk(layer, &msg)?;
+            if msg.data.is_empty() {
+                continue;
+            }
+            if cur.as_ref().is_some_and(|r| r.start == r.end) {
+                cur = todo.next();
+            }
             let end = msg.offset.checked_add(msg.data.len() as u64);
-            if msg.offset < window.start || end.is_none_or(|e| e > window.end) {
-                return Err(ReplicaError::Protocol {
-                    addr: self.addr.clone(),
-                    what: format!(
-                        "ReadLayer sent {} bytes at {} outside the window {window:?}",
-                        msg.data.len(),
-                        msg.offset
-                    ),
-                });
+            match (cur.as_mut(), end) {
+                (Some(r), Some(end))
+                    if msg.offset == r.start && end <= r.end && end <= window.end =>
+                {
+                    r.start = end;
+                }
+                _ => {
+                    return Err(ReplicaError::Protocol {
+                        addr: self.addr.clone(),
+                        what: format!(
+                            "ReadLayer of {layer:?} sent {} bytes at {}, expected the next bytes of {:?}",
+                            msg.data.len(),
+                            msg.offset,
+                            cur
+                        ),
+                    });
+                }
             }
             got += msg.data.len() as u64;
-            if !msg.data.is_empty() {
-                pieces.push((msg.offset, msg.data));
-            }
+            pieces.push((msg.offset, msg.data));
         }
         if got != want {
             return Err(ReplicaError::Protocol {
