@@ -12,6 +12,11 @@
 //! extents) is loaded; every replica holds the same bytes for the snapshot, layer by layer,
 //! because the engine takes snapshots on all of them and rebuilds copy layers whole. Only
 //! when every replica has failed does the read fail.
+//!
+//! A read fails on a replica too when a block it sends fails its checksum there (bit rot,
+//! which the replica marks) or does not match the CRC32C it came with: the window is then
+//! read from the next replica, so a backup never stores a rotten block as good, and a block
+//! bad on every replica fails the backup naming it.
 
 use std::ops::Range;
 use std::sync::Arc;
