@@ -59,6 +59,8 @@ struct State {
     lists_begun: u64,
     /// `lists_begun` of the last list that completed.
     list_done: u64,
+    /// `lists_begun` of the last list that failed.
+    list_failed: u64,
     recent: VecDeque<(String, ResourceVersion)>,
     /// Events applied since the start, for tests and logs.
     applied: u64,
@@ -159,7 +161,9 @@ impl Cache {
 
     /// Wait (at most `timeout`) until the cache reflects a write: `Some(rv)` the object
     /// `name` at version `rv`, `None` its removal. True when it does, or when the cache does
-    /// not serve at all (readers then get its error, not a stale state).
+    /// not serve and has no list under way (the list that makes it serve begins after the
+    /// write, so includes it; until then readers get its error, not a stale state). A list
+    /// under way when the write returned may predate it: that one is not enough.
     pub async fn wait_for(
         &self,
         name: &str,
@@ -175,7 +179,8 @@ impl Cache {
             {
                 let st = self.lock();
                 // A list begun after the write returned includes it.
-                if !st.synced || st.list_done > begun {
+                let listing = st.lists_begun > st.list_done.max(st.list_failed);
+                if (!st.synced && !listing) || st.list_done > begun {
                     return true;
                 }
                 let seen = match version {
@@ -244,6 +249,7 @@ impl Cache {
             let list = match api.list(&kube::api::ListParams::default()).await {
                 Ok(l) => l,
                 Err(e) => {
+                    self.lock().list_failed = begun;
                     self.fail("list", e);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(BACKOFF_MAX);
@@ -331,5 +337,90 @@ impl Cache {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn setting(name: &str, rv: &str) -> Value {
+        json!({"kind": "Setting", "metadata": {"name": name, "resourceVersion": rv}})
+    }
+
+    const SHORT: Duration = Duration::from_millis(50);
+
+    /// A write that returns while the cache's first list is under way is not visible when
+    /// that list ends (its snapshot may predate the write), only when the watch applies it.
+    #[tokio::test]
+    async fn a_write_during_the_first_list_waits_for_its_event_not_for_the_list() {
+        let cache = Cache::new(Kind::Setting);
+        let rv = ResourceVersion::new("7");
+        // Nothing listed yet, no list under way: the first list will include the write.
+        assert!(cache.wait_for("a", Some(&rv), SHORT).await);
+
+        cache.lock().lists_begun = 1;
+        assert!(
+            !cache.wait_for("a", Some(&rv), SHORT).await,
+            "visible while the first list, begun before the write, is under way"
+        );
+        {
+            // That list ends without the object.
+            let mut st = cache.lock();
+            st.synced = true;
+            st.list_done = 1;
+        }
+        assert!(!cache.wait_for("a", Some(&rv), SHORT).await);
+        let c = cache.clone();
+        let waiter = tokio::spawn(async move {
+            c.wait_for(
+                "a",
+                Some(&ResourceVersion::new("7")),
+                Duration::from_secs(10),
+            )
+            .await
+        });
+        tokio::time::sleep(SHORT).await;
+        cache.apply(setting("a", "7"), false);
+        assert!(
+            waiter.await.expect("waiter"),
+            "the watch's event makes it visible"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cache_that_cannot_list_does_not_hold_up_writes() {
+        let cache = Cache::new(Kind::Setting);
+        let rv = ResourceVersion::new("7");
+        {
+            // Its first list failed; it waits out a backoff before the next.
+            let mut st = cache.lock();
+            st.lists_begun = 1;
+            st.list_failed = 1;
+            st.failure = Some(Failure::Other("down".into()));
+        }
+        assert!(cache.wait_for("a", Some(&rv), SHORT).await);
+        // A list begun after the write includes it.
+        cache.lock().lists_begun = 2;
+        let c = cache.clone();
+        let waiter = tokio::spawn(async move {
+            c.wait_for(
+                "a",
+                Some(&ResourceVersion::new("7")),
+                Duration::from_secs(10),
+            )
+            .await
+        });
+        tokio::time::sleep(SHORT).await;
+        assert!(!waiter.is_finished());
+        {
+            let mut st = cache.lock();
+            st.lists_begun = 3;
+            st.list_done = 3;
+            st.synced = true;
+        }
+        cache.changed.notify_waiters();
+        assert!(waiter.await.expect("waiter"));
     }
 }
