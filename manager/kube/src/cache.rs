@@ -351,6 +351,25 @@ mod tests {
 
     const SHORT: Duration = Duration::from_millis(50);
 
+    /// `wait_for(name, rv)` (up to 10 s) in a task of its own, given `SHORT` to get waiting.
+    async fn wait_in_background(
+        cache: &Arc<Cache>,
+        name: &'static str,
+        rv: &'static str,
+    ) -> tokio::task::JoinHandle<bool> {
+        let c = cache.clone();
+        let task = tokio::spawn(async move {
+            c.wait_for(
+                name,
+                Some(&ResourceVersion::new(rv)),
+                Duration::from_secs(10),
+            )
+            .await
+        });
+        tokio::time::sleep(SHORT).await;
+        task
+    }
+
     /// A write that returns while the cache's first list is under way is not visible when
     /// that list ends (its snapshot may predate the write), only when the watch applies it.
     #[tokio::test]
@@ -372,16 +391,7 @@ mod tests {
             st.list_done = 1;
         }
         assert!(!cache.wait_for("a", Some(&rv), SHORT).await);
-        let c = cache.clone();
-        let waiter = tokio::spawn(async move {
-            c.wait_for(
-                "a",
-                Some(&ResourceVersion::new("7")),
-                Duration::from_secs(10),
-            )
-            .await
-        });
-        tokio::time::sleep(SHORT).await;
+        let waiter = wait_in_background(&cache, "a", "7").await;
         cache.apply(setting("a", "7"), false);
         assert!(
             waiter.await.expect("waiter"),
@@ -403,16 +413,7 @@ mod tests {
         assert!(cache.wait_for("a", Some(&rv), SHORT).await);
         // A list begun after the write includes it.
         cache.lock().lists_begun = 2;
-        let c = cache.clone();
-        let waiter = tokio::spawn(async move {
-            c.wait_for(
-                "a",
-                Some(&ResourceVersion::new("7")),
-                Duration::from_secs(10),
-            )
-            .await
-        });
-        tokio::time::sleep(SHORT).await;
+        let waiter = wait_in_background(&cache, "a", "7").await;
         assert!(!waiter.is_finished());
         {
             let mut st = cache.lock();
