@@ -590,15 +590,7 @@ fn blocks_rotten_on_a_replica_are_read_from_another_and_rotten_on_all_fail_the_b
     let data = store_fixtures::random_bytes(11, 32 << 20);
     let (up, _store, endpoint) = random_volume_on_a_file_target(tmp.path(), &data);
     let api = up.api.clone();
-    qemu_io(&endpoint, "flush");
-    wait_for("healthy", 60, || {
-        volume(&api, "v").is_some_and(|v| v["status"]["robustness"] == "healthy")
-    });
-    let layers: Vec<PathBuf> = replica_dirs(tmp.path(), 3)
-        .iter()
-        .map(|d| head_layer(d))
-        .collect();
-    assert_eq!(layers.len(), 3, "{layers:?}");
+    let layers = flushed_head_layers(&api, "v", &endpoint, tmp.path(), 3);
 
     // One bad block on each replica, in windows of the backup's read far apart: whichever
     // replica the backup reads first has one, and each block has two good copies. Nothing

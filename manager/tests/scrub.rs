@@ -79,15 +79,7 @@ fn scrub_repairs_flipped_blocks_records_its_findings_and_runs_on_schedule() {
     );
     let endpoint = ok(&api, &["volume", "attach", "s"]).trim().to_string();
     qemu_io(&endpoint, "write -P 0xaa 0 4M");
-    qemu_io(&endpoint, "flush");
-    wait_for("healthy", 60, || {
-        volume(&api, "s").is_some_and(|v| v["status"]["robustness"] == "healthy")
-    });
-    let layers: Vec<PathBuf> = replica_dirs(tmp.path(), 3)
-        .iter()
-        .map(|d| head_layer(d))
-        .collect();
-    assert_eq!(layers.len(), 3, "{layers:?}");
+    let layers = flushed_head_layers(&api, "s", &endpoint, tmp.path(), 3);
 
     // Blocks no read touches, spread over the replicas.
     let first = [(0, 3), (0, 200), (1, 517), (2, 900), (2, 1000)];

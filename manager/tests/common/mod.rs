@@ -366,3 +366,24 @@ pub fn flip(path: &Path, offset: u64) {
     b[0] ^= 0x10;
     f.write_all_at(&b, offset).expect("flip a bit");
 }
+
+/// Flushes `volume` through `endpoint`, waits until it is healthy, and returns the head layer
+/// file of each of its replicas on the `nodes` nodes under `dir` (one replica per node).
+pub fn flushed_head_layers(
+    api: &str,
+    volume: &str,
+    endpoint: &str,
+    dir: &Path,
+    nodes: u8,
+) -> Vec<PathBuf> {
+    qemu_io(endpoint, "flush");
+    wait_for("healthy", 60, || {
+        self::volume(api, volume).is_some_and(|v| v["status"]["robustness"] == "healthy")
+    });
+    let layers: Vec<PathBuf> = replica_dirs(dir, nodes)
+        .iter()
+        .map(|d| head_layer(d))
+        .collect();
+    assert_eq!(layers.len(), nodes as usize, "{layers:?}");
+    layers
+}
